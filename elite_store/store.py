@@ -1,0 +1,254 @@
+"""The store API: runs, candidates, elites and checkpoints behind plain dataclasses.
+
+Callers never see SQL or ORM objects, so SQLite and PostgreSQL (any SQLAlchemy URL) are one code path.
+Every write is its own committed transaction: a SIGKILL loses at most the evaluation in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from elite_store.models import Base, CandidateRow, Checkpoint, Elite, Run, SchemaInfo, utcnow
+
+SCHEMA_VERSION = "1"
+DEFAULT_URL = "sqlite:///elite_store/evoengineer.db"
+UNFINISHED = ("running", "interrupted")
+
+
+class StoreError(Exception):
+    """A database URL that cannot be opened, an unknown run id, or a schema mismatch."""
+
+
+@dataclass
+class RunInfo:
+    id: int
+    space_name: str
+    space_path: str
+    space_text: str
+    template: str
+    template_sha256: str
+    config: dict[str, Any]
+    seed: int
+    status: str
+    stop_reason: str
+    fingerprint: dict[str, Any]
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass
+class CandidateRecord:
+    hash: str
+    params: dict[str, Any]
+    status: str
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    generation: int = 0
+    source: str = ""
+    seq: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def time_us(self) -> float:
+        t = self.metrics.get("time_us")
+        return float(t) if self.status == "ok" and isinstance(t, (int, float)) and math.isfinite(t) else math.inf
+
+
+def _run_info(r: Run) -> RunInfo:
+    return RunInfo(id=r.id, space_name=r.space_name, space_path=r.space_path, space_text=r.space_text,
+                   template=r.template, template_sha256=r.template_sha256, config=dict(r.config), seed=r.seed,
+                   status=r.status, stop_reason=r.stop_reason or "", fingerprint=dict(r.fingerprint),
+                   created_at=r.created_at, finished_at=r.finished_at)
+
+
+def _cand_record(c: CandidateRow, with_source: bool = True) -> CandidateRecord:
+    return CandidateRecord(hash=c.hash, params=dict(c.params), status=c.status, reason=c.reason or "",
+                           metrics=dict(c.metrics), generation=c.generation, source=c.source if with_source else "",
+                           seq=c.seq, started_at=c.started_at, finished_at=c.finished_at)
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class Store:
+    """Opens (and, with create=True, initialises) the database at `url`."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, create: bool = True):
+        self.url = url
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise StoreError(f"--db {url!r}: not a database URL (e.g. sqlite:///path/to.db)") from None
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        if self.is_sqlite:
+            db = parsed.database
+            if db and db != ":memory:":
+                path = Path(db)
+                if not create and not path.exists():
+                    raise StoreError(f"--db {url!r}: database file {db} does not exist")
+                if create and not path.parent.exists():
+                    if url == DEFAULT_URL:
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                    else:
+                        raise StoreError(f"--db {url!r}: directory {path.parent} does not exist")
+        try:
+            self.engine: Engine = create_engine(url, future=True)
+        except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+            raise StoreError(f"--db {url!r}: cannot open: {exc}") from None
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        try:
+            if create:
+                Base.metadata.create_all(self.engine)
+                with self._session.begin() as s:
+                    if s.get(SchemaInfo, "version") is None:
+                        s.add(SchemaInfo(key="version", value=SCHEMA_VERSION))
+            with self._session() as s:
+                row = s.get(SchemaInfo, "version")
+        except SQLAlchemyError as exc:
+            raise StoreError(f"--db {url!r}: cannot open: {str(exc.orig if hasattr(exc, 'orig') else exc)}") from None
+        if row is None:
+            raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info)")
+        if row.value != SCHEMA_VERSION:
+            raise StoreError(f"--db {url!r}: store schema {row.value}, this version reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- runs ---------------------------------------------------------------------------------------------------
+    def create_run(self, *, space_name: str, space_path: str, space_text: str, template: str, template_sha256: str,
+                   config: dict[str, Any], seed: int, fingerprint: dict[str, Any]) -> int:
+        with self._session.begin() as s:
+            run = Run(space_name=space_name, space_path=space_path, space_text=space_text, template=template,
+                      template_sha256=template_sha256, config=config, seed=seed, status="running",
+                      stop_reason="", fingerprint=fingerprint)
+            s.add(run)
+            s.flush()
+            return run.id
+
+    def get_run(self, run_id: int) -> RunInfo:
+        with self._session() as s:
+            r = s.get(Run, run_id)
+            if r is None:
+                raise StoreError(f"run {run_id} not found in {self.url}")
+            return _run_info(r)
+
+    def runs(self) -> list[RunInfo]:
+        with self._session() as s:
+            return [_run_info(r) for r in s.scalars(select(Run).order_by(Run.id))]
+
+    def latest_unfinished_run(self) -> RunInfo | None:
+        with self._session() as s:
+            r = s.scalars(select(Run).where(Run.status.in_(UNFINISHED)).order_by(Run.id.desc()).limit(1)).first()
+            return _run_info(r) if r else None
+
+    def latest_run(self) -> RunInfo | None:
+        with self._session() as s:
+            r = s.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+            return _run_info(r) if r else None
+
+    def set_run_status(self, run_id: int, status: str, stop_reason: str = "") -> None:
+        with self._session.begin() as s:
+            r = s.get(Run, run_id)
+            if r is None:
+                raise StoreError(f"run {run_id} not found in {self.url}")
+            r.status = status
+            r.stop_reason = stop_reason
+            r.finished_at = utcnow() if status == "finished" else None
+
+    # ---- candidates -----------------------------------------------------------------------------------------------
+    def record_candidate(self, run_id: int, rec: CandidateRecord) -> None:
+        """Commit one evaluation now. A hash already recorded in this run is left as it is."""
+        metrics = {k: _finite_or_none(v) for k, v in rec.metrics.items()}
+        with self._session.begin() as s:
+            exists = s.scalar(select(CandidateRow.id).where(CandidateRow.run_id == run_id,
+                                                            CandidateRow.hash == rec.hash))
+            if exists is not None:
+                return
+            seq = s.scalar(select(func.count(CandidateRow.id)).where(CandidateRow.run_id == run_id)) or 0
+            t = rec.time_us
+            s.add(CandidateRow(run_id=run_id, seq=seq, hash=rec.hash, params=rec.params, status=rec.status,
+                               reason=rec.reason, metrics=metrics, time_us=t if math.isfinite(t) else None,
+                               generation=rec.generation, source=rec.source, started_at=rec.started_at,
+                               finished_at=utcnow()))
+
+    def find_candidate(self, run_id: int, hash_: str) -> CandidateRecord | None:
+        with self._session() as s:
+            c = s.scalars(select(CandidateRow).where(CandidateRow.run_id == run_id,
+                                                     CandidateRow.hash == hash_)).first()
+            return _cand_record(c) if c else None
+
+    def candidates(self, run_id: int, *, with_source: bool = False) -> list[CandidateRecord]:
+        """All evaluations of a run, in the order they were committed."""
+        with self._session() as s:
+            rows = s.scalars(select(CandidateRow).where(CandidateRow.run_id == run_id).order_by(CandidateRow.seq))
+            return [_cand_record(c, with_source) for c in rows]
+
+    def count_candidates(self, run_id: int) -> int:
+        with self._session() as s:
+            return s.scalar(select(func.count(CandidateRow.id)).where(CandidateRow.run_id == run_id)) or 0
+
+    def status_counts(self, run_id: int) -> dict[str, int]:
+        with self._session() as s:
+            rows = s.execute(select(CandidateRow.status, func.count(CandidateRow.id))
+                             .where(CandidateRow.run_id == run_id).group_by(CandidateRow.status))
+            return {status: n for status, n in rows}
+
+    # ---- elites ---------------------------------------------------------------------------------------------------
+    def set_elites(self, run_id: int, hashes: Iterable[str]) -> None:
+        """Replace the run's elites with `hashes`, best first (rank 1)."""
+        with self._session.begin() as s:
+            for e in s.scalars(select(Elite).where(Elite.run_id == run_id)):
+                s.delete(e)
+            s.flush()
+            for rank, h in enumerate(hashes, start=1):
+                cid = s.scalar(select(CandidateRow.id).where(CandidateRow.run_id == run_id, CandidateRow.hash == h))
+                if cid is None:
+                    raise StoreError(f"elite {h[:12]} is not a candidate of run {run_id}")
+                s.add(Elite(run_id=run_id, rank=rank, candidate_id=cid))
+
+    def elites(self, run_id: int) -> list[CandidateRecord]:
+        with self._session() as s:
+            rows = s.execute(select(CandidateRow).join(Elite, Elite.candidate_id == CandidateRow.id)
+                             .where(Elite.run_id == run_id).order_by(Elite.rank)).scalars()
+            return [_cand_record(c) for c in rows]
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self, run_id: int, generation: int, state: dict[str, Any]) -> None:
+        """Store a JSON state for `generation` (replacing one already there)."""
+        with self._session.begin() as s:
+            old = s.get(Checkpoint, (run_id, generation))
+            if old is not None:
+                old.state = state
+                old.created_at = utcnow()
+            else:
+                s.add(Checkpoint(run_id=run_id, generation=generation, state=state))
+
+    def latest_checkpoint(self, run_id: int) -> tuple[int, dict[str, Any]] | None:
+        with self._session() as s:
+            c = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id)
+                          .order_by(Checkpoint.generation.desc()).limit(1)).first()
+            return (c.generation, dict(c.state)) if c else None
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()

@@ -1,0 +1,3 @@
+from evoengineer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Command line: search, resume, inspect, elites, spaces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from elite_store import DEFAULT_URL
+from evoengineer.errors import UserError
+
+GPU_DEFAULT_SPACE = "cuda_msda_fp16"
+CPU_DEFAULT_SPACE = "cpu_msda"
+
+
+def default_space() -> Path:
+    """The CUDA MSDA space when a GPU is present (and shipped), else the CPU MSDA space."""
+    from evoengineer import SPACES_DIR
+
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    for name in ([GPU_DEFAULT_SPACE] if gpu else []) + [CPU_DEFAULT_SPACE]:
+        p = SPACES_DIR / f"{name}.toml"
+        if p.exists():
+            return p
+    raise UserError(f"no default space found in {SPACES_DIR}; pass --space FILE")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m evoengineer", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("search", help="start a new search run")
+    s.add_argument("--space", help="space file or shipped space name (default: GPU space if a GPU is present, "
+                                   "else the CPU space)")
+    s.add_argument("--landscape", help="replay measurements from a recorded landscape CSV instead of running")
+    s.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
+    s.add_argument("--out", default="elite.json", help="elite.json path (default elite.json)")
+    s.add_argument("--strategy", default="ga", help="search strategy (default ga)")
+    s.add_argument("--seed", type=_positive_int)
+    s.add_argument("--population", type=_positive_int)
+    s.add_argument("--generations", type=_positive_int, help="generations after the initial one")
+    s.add_argument("--elite", type=_positive_int, help="elites carried into each generation (default 3)")
+    s.add_argument("--budget", type=_positive_int, help="most distinct evaluations")
+    s.add_argument("--force", action="store_true", help="overwrite --out even if it holds another space's elites")
+    s.add_argument("--quiet", action="store_true")
+
+    r = sub.add_parser("resume", help="continue the newest unfinished run (or --run ID)")
+    r.add_argument("--db", default=DEFAULT_URL)
+    r.add_argument("--run", type=_positive_int)
+    r.add_argument("--quiet", action="store_true")
+
+    i = sub.add_parser("inspect", help="show an elite.json")
+    i.add_argument("file")
+    i.add_argument("--json", action="store_true", help="print the elite list as JSON")
+    i.add_argument("--source", type=_positive_int, metavar="RANK", help="print the rendered source of an elite")
+
+    e = sub.add_parser("elites", help="show a run's elites from the store")
+    e.add_argument("--db", default=DEFAULT_URL)
+    e.add_argument("--run", type=_positive_int, help="run id (default: newest run)")
+    e.add_argument("--json", action="store_true")
+
+    sub.add_parser("spaces", help="list the shipped spaces with their number of valid configurations")
+    return ap
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    from evoengineer.search.driver import start_search
+    from evoengineer.space.spec import resolve_space_arg
+
+    space = resolve_space_arg(a.space) if a.space else default_space()
+    return start_search(space_path=space, db=a.db, out=a.out, landscape=a.landscape, strategy=a.strategy,
+                        force=a.force, quiet=a.quiet, seed=a.seed, population=a.population,
+                        generations=a.generations, elite=a.elite, budget=a.budget)
+
+
+def cmd_resume(a: argparse.Namespace) -> int:
+    from evoengineer.search.driver import resume_search
+
+    return resume_search(db=a.db, run_id=a.run, quiet=a.quiet)
+
+
+def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str) -> int:
+    from evoengineer.elite_json import format_table
+
+    if source_rank is not None:
+        match = [e for e in elites if e.get("rank") == source_rank]
+        if not match:
+            raise UserError(f"{where}: no elite of rank {source_rank} (ranks 1..{len(elites)})")
+        sys.stdout.write(match[0].get("source", ""))
+        return 0
+    if as_json:
+        print(json.dumps(elites, indent=2))
+    else:
+        print(format_table(elites))
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from evoengineer import elite_json
+
+    doc = elite_json.read(a.file)
+    if not a.json and a.source is None:
+        print(f"space {doc['space']} | run {doc['run_id']} ({doc['run_status']}) | generation {doc['generation']} "
+              f"| {doc['evaluations']} evaluations | {doc['fingerprint'].get('gpu') or doc['fingerprint'].get('cpu')}")
+    return _show_elites(doc["elites"], a.json, a.source, a.file)
+
+
+def cmd_elites(a: argparse.Namespace) -> int:
+    from evoengineer.elite_json import build_document
+    from evoengineer.search.driver import open_store
+    from evoengineer.space.spec import SearchSpace
+    from elite_store import StoreError
+
+    store = open_store(a.db, create=False)
+    try:
+        run = store.get_run(a.run) if a.run is not None else store.latest_run()
+    except StoreError as exc:
+        raise UserError(f"--run {a.run}: {exc}") from None
+    if run is None:
+        raise UserError(f"--db {a.db}: the store holds no runs")
+    space = SearchSpace.from_text(run.space_text, run.space_path)
+    doc = build_document(run=run, space=space, elites=store.elites(run.id), generation=-1,
+                         evaluations=store.count_candidates(run.id), run_status=run.status)
+    if not a.json:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(store.status_counts(run.id).items()))
+        print(f"run {run.id} | space {run.space_name} | {run.status} {run.stop_reason} | {counts}")
+    return _show_elites(doc["elites"], a.json, None, a.db)
+
+
+def cmd_spaces(a: argparse.Namespace) -> int:
+    from evoengineer.space.spec import load_space, shipped_spaces
+
+    rows = [("space", "task", "backend", "params", "product", "valid", "file")]
+    for p in shipped_spaces():
+        s = load_space(p)
+        rows.append((s.name, s.task, s.backend + (f"/{s.arch}" if s.arch else ""), str(len(s.parameters)),
+                     str(s.product_size), str(s.count_valid()), p.name))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
+            "spaces": cmd_spaces}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0

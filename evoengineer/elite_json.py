@@ -1,0 +1,111 @@
+"""elite.json: the K best correct kernels of a run, written atomically after every generation."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from evoengineer.errors import UserError
+
+SCHEMA = "evoengineer/elite-v1"
+
+
+def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, evaluations: int,
+                   run_status: str) -> dict[str, Any]:
+    """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords)."""
+    common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint}
+    return {
+        "schema": SCHEMA,
+        "space": space.name,
+        "space_file": run.space_path,
+        "task": space.task,
+        "backend": space.backend,
+        "arch": space.arch,
+        "template": space.template,
+        "template_sha256": run.template_sha256,
+        "run_id": run.id,
+        "seed": run.seed,
+        "strategy": run.config.get("strategy", "ga"),
+        "evaluator": run.config.get("evaluator", {}),
+        "run_status": run_status,
+        "generation": generation,
+        "evaluations": evaluations,
+        "fingerprint": run.fingerprint,
+        "elites": [
+            {"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, "status": e.status,
+             "generation": e.generation, **common, "source": e.source}
+            for i, e in enumerate(elites, start=1)
+        ],
+    }
+
+
+def write_atomic(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write JSON to a temp file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """Load and check an elite.json; UserError on anything that is not one."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("elites"), list):
+        raise UserError(f"{path}: not an elite.json (schema {SCHEMA!r} expected)")
+    return doc
+
+
+def check_writable(path: str | Path, space_name: str, *, force: bool = False) -> None:
+    """Refuse to overwrite a file that is not an elite.json, or one from another space (unless forced)."""
+    path = Path(path)
+    if not path.exists() or force:
+        return
+    if path.is_dir():
+        raise UserError(f"--out {path}: is a directory")
+    try:
+        doc = read(path)
+    except UserError:
+        raise UserError(f"--out {path}: exists and is not an elite.json; refusing to overwrite it") from None
+    if doc.get("space") != space_name:
+        raise UserError(f"--out {path}: holds elites of space {doc.get('space')!r}, not {space_name!r}; "
+                        "choose another --out (or --force)")
+
+
+def format_table(elites: list[dict[str, Any]]) -> str:
+    """A plain-text table: rank, p50/p90, speedup, errors, hash, params."""
+    if not elites:
+        return "(no elites)"
+    rows = [("rank", "p50 us", "p90 us", "speedup", "max err", "hash", "params")]
+    for e in elites:
+        m = e.get("metrics", {})
+        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
+                     _num(m.get("max_abs_err"), ".1e"), str(e.get("hash", ""))[:12],
+                     " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    return "\n".join(lines)
+
+
+def _num(v: Any, fmt: str = ".3f") -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"

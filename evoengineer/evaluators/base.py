@@ -1,0 +1,73 @@
+"""The evaluator interface: a candidate in, a measurement out."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from evoengineer.candidate import Candidate
+
+OK = "ok"
+STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
+            "skipped")
+
+#: Metric names every evaluator uses where it has the number (times in microseconds).
+METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",
+           "registers", "smem_bytes", "spill_bytes", "stack_bytes", "build_s")
+
+
+@dataclass
+class Measurement:
+    """Outcome of evaluating one candidate. `metrics['time_us']` is the p50 time, present when status is ok."""
+
+    status: str
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        t = self.metrics.get("time_us")
+        return self.status == OK and isinstance(t, (int, float)) and math.isfinite(t) and t > 0
+
+    @property
+    def time_us(self) -> float:
+        return float(self.metrics["time_us"]) if self.ok else math.inf
+
+
+class Evaluator(ABC):
+    """Turns candidates into measurements. Implementations must be deterministic in what they *decide*
+    (status), and may run candidates in isolated processes."""
+
+    kind: str = "abstract"
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """JSON-able settings, stored with the run so `resume` rebuilds the same evaluator."""
+
+    @abstractmethod
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        """Measure one candidate."""
+
+    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
+        """Measure several; yields each result as soon as it is known (order may differ from input)."""
+        for c in candidates:
+            yield c, self.evaluate(c)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What this evaluator adds to the machine fingerprint (e.g. the GPU it measures on)."""
+        return {}
+
+    def close(self) -> None:
+        """Release workers and devices."""
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,136 @@
+"""Replay evaluator: measurements come from a recorded landscape CSV instead of a device."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from evoengineer.candidate import Candidate
+from evoengineer.errors import UserError
+from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
+from evoengineer.space.spec import SearchSpace, canonical_text
+
+Key = tuple[str, ...]
+
+
+class Landscape:
+    """A landscape file: one row per configuration, one column per parameter, then status and time_us.
+
+    Extra columns named like metrics (time_p90_us, baseline_us, ...) and `reason` are read too.
+    """
+
+    def __init__(self, path: str | Path, space: SearchSpace):
+        self.path = Path(path)
+        self.space = space
+        try:
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"{self.path}: cannot read landscape: {exc.strerror or exc}") from None
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        self.rows: dict[Key, Measurement] = {}
+        self._parse(raw.decode("utf-8", errors="replace"))
+
+    def _parse(self, text: str) -> None:
+        reader = csv.reader(text.splitlines())
+        header = next(reader, None)
+        if not header:
+            raise UserError(f"{self.path}: empty landscape file")
+        header = [h.strip() for h in header]
+        need = self.space.names + ["status", "time_us"]
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise UserError(f"{self.path}: landscape is missing column(s) {', '.join(missing)} "
+                            f"for space {self.space.name!r}")
+        col = {h: i for i, h in enumerate(header)}
+        lookup = [{p.canonical(v): v for v in p.values} for p in self.space.parameters]
+        metric_cols = [m for m in METRICS if m in col and m != "time_us"]
+        for lineno, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < len(header):
+                raise UserError(f"{self.path}:{lineno}: expected {len(header)} fields, got {len(row)}")
+            cells = [row[col[n]].strip() for n in self.space.names]
+            key = []
+            for p, cell, table in zip(self.space.parameters, cells, lookup):
+                text = {"True": "true", "False": "false"}.get(cell, cell)
+                if text not in table:
+                    try:  # 4.0 written for 4, and the like
+                        num = float(text)
+                        text = next((t for t, v in table.items()
+                                     if isinstance(v, (int, float)) and not isinstance(v, bool) and v == num), text)
+                    except ValueError:
+                        pass
+                key.append(text if text in table else None)
+            if None in key:
+                continue  # a configuration outside this space
+            key_t = tuple(key)
+            if key_t in self.rows:
+                raise UserError(f"{self.path}:{lineno}: configuration {dict(zip(self.space.names, cells))} "
+                                "appears twice")
+            status = row[col["status"]].strip()
+            if status not in STATUSES:
+                raise UserError(f"{self.path}:{lineno}: unknown status {status!r} (known: {', '.join(STATUSES)})")
+            metrics: dict[str, Any] = {}
+            t = row[col["time_us"]].strip()
+            if status == OK:
+                try:
+                    metrics["time_us"] = float(t)
+                except ValueError:
+                    raise UserError(f"{self.path}:{lineno}: status ok needs a number in time_us, got {t!r}") from None
+                if not (math.isfinite(metrics["time_us"]) and metrics["time_us"] > 0):
+                    raise UserError(f"{self.path}:{lineno}: time_us must be a positive finite number")
+            for m in metric_cols:
+                cell = row[col[m]].strip()
+                if cell:
+                    try:
+                        metrics[m] = float(cell)
+                    except ValueError:
+                        raise UserError(f"{self.path}:{lineno}: column {m}: not a number: {cell!r}") from None
+            if "baseline_us" in metrics and "time_us" in metrics and "speedup" not in metrics:
+                metrics["speedup"] = metrics["baseline_us"] / metrics["time_us"]
+            reason = row[col["reason"]].strip() if "reason" in col else ("" if status == OK else "recorded")
+            self.rows[key_t] = Measurement(status, reason, metrics)
+
+    def key(self, params: dict[str, Any]) -> Key:
+        return tuple(canonical_text(params[n]) for n in self.space.names)
+
+    def lookup(self, params: dict[str, Any]) -> Measurement:
+        m = self.rows.get(self.key(params))
+        if m is None:
+            raise UserError(f"{self.path}: landscape has no row for configuration {params}")
+        return Measurement(m.status, m.reason, dict(m.metrics))
+
+    def check_covers(self) -> None:
+        """Every valid configuration of the space must have a row; name the first that does not."""
+        missing = []
+        for g in self.space.valid_genomes():
+            params = self.space.genome_to_params(g)
+            if self.key(params) not in self.rows:
+                missing.append(params)
+        if missing:
+            raise UserError(f"{self.path}: landscape has no row for configuration {missing[0]} "
+                            f"({len(missing)} of {self.space.count_valid()} valid configurations missing)")
+
+
+class ReplayEvaluator(Evaluator):
+    """Answers each candidate from a landscape file: deterministic, instant, no device."""
+
+    kind = "replay"
+
+    def __init__(self, landscape: str | Path, space: SearchSpace, *, check: bool = True, delay_s: float = 0.0):
+        self.landscape = Landscape(landscape, space)
+        self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
+        if check:
+            self.landscape.check_covers()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "landscape": str(self.landscape.path), "landscape_sha256": self.landscape.sha256}
+
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return self.landscape.lookup(candidate.params)

@@ -1,0 +1,132 @@
+"""Start or resume a search run: wire space, evaluator, store, runner and strategy together."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from elite_store import DEFAULT_URL, RunInfo, Store, StoreError
+from evoengineer import elite_json
+from evoengineer.candidate import template_sha256
+from evoengineer.errors import UserError
+from evoengineer.evaluators.base import Evaluator
+from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
+from evoengineer.fingerprint import machine_fingerprint
+from evoengineer.search import STRATEGIES
+from evoengineer.search.progress import ProgressPrinter
+from evoengineer.search.runner import Runner, SearchSettings
+from evoengineer.space.spec import SearchSpace, load_space
+
+DEFAULTS = {"population": 16, "generations": 10, "elite": 3, "budget": None, "seed": 0}
+
+
+def open_store(url: str, *, create: bool) -> Store:
+    try:
+        return Store(url, create=create)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+
+
+def settings_from(space: SearchSpace, strategy: str, **given: Any) -> SearchSettings:
+    """CLI values win over the space's [search] table, which wins over the defaults."""
+    values = {}
+    for key, default in DEFAULTS.items():
+        v = given.get(key)
+        values[key] = v if v is not None else space.search.get(key, default)
+    if values["population"] < 2:
+        raise UserError("--population must be at least 2")
+    if values["elite"] < 1 or values["elite"] >= values["population"]:
+        raise UserError("--elite must be at least 1 and smaller than --population")
+    if values["generations"] < 0:
+        raise UserError("--generations must be >= 0")
+    if values["budget"] is not None and values["budget"] < 1:
+        raise UserError("--budget must be at least 1")
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy {strategy!r}: unknown (known: {', '.join(STRATEGIES)})")
+    return SearchSettings(strategy=strategy, **values)
+
+
+def resume_command(url: str, run_id: int) -> str:
+    return f"python -m evoengineer resume --db {shlex.quote(url)} --run {run_id}"
+
+
+def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "elite.json",
+                 landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
+                 **settings: Any) -> int:
+    """Validate everything, create the run, search. Returns the process exit code."""
+    space = load_space(space_path)
+    s = settings_from(space, strategy, **settings)
+    elite_json.check_writable(out, space.name, force=force)
+    evaluator = evaluator_for_search(space, landscape=landscape)
+    store = open_store(db, create=True)
+    fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
+    config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}
+    run_id = store.create_run(space_name=space.name, space_path=str(space_path), space_text=space.text,
+                              template=space.template, template_sha256=template_sha256(space), config=config,
+                              seed=s.seed, fingerprint=fingerprint)
+    run = store.get_run(run_id)
+    if not quiet:
+        print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
+              f"strategy {s.strategy}, evaluator {evaluator.kind}, store {db}", file=sys.stderr)
+    return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet)
+
+
+def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bool = False) -> int:
+    """Continue an unfinished run from its newest checkpoint; nothing measured is measured again."""
+    store = open_store(db, create=False)
+    if run_id is None:
+        run = store.latest_unfinished_run()
+        if run is None:
+            raise UserError(f"--db {db}: no unfinished run to resume")
+    else:
+        try:
+            run = store.get_run(run_id)
+        except StoreError as exc:
+            raise UserError(f"--run {run_id}: {exc}") from None
+        if run.status == "finished":
+            raise UserError(f"--run {run_id}: run already finished ({run.stop_reason})")
+    space = SearchSpace.from_text(run.space_text, run.space_path)
+    if template_sha256(space) != run.template_sha256:
+        raise UserError(f"{space.template_path}: template changed since run {run.id} started; "
+                        "resuming would mix kernels (start a new search)")
+    cfg = run.config
+    s = SearchSettings(**{k: cfg[k] for k in ("strategy", "population", "generations", "elite", "budget", "seed")})
+    out = Path(cfg["out"])
+    elite_json.check_writable(out, space.name)
+    evaluator = evaluator_for_resume(space, cfg["evaluator"])
+    checkpoint = store.latest_checkpoint(run.id)
+    state = checkpoint[1] if checkpoint else None
+    store.set_run_status(run.id, "running")
+    if not quiet:
+        where = f"generation {checkpoint[0]}" if checkpoint else "the start"
+        print(f"resuming run {run.id} ({space.name}) from {where}; "
+              f"{store.count_candidates(run.id)} evaluations already stored", file=sys.stderr)
+    return _execute(store, run, space, evaluator, s, out, state=state, quiet=quiet)
+
+
+def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
+             state: dict[str, Any] | None, quiet: bool) -> int:
+    observers = [] if quiet else [ProgressPrinter()]
+    runner = Runner(space=space, evaluator=evaluator, store=store, run=run, settings=s, out=out,
+                    observers=observers)
+    strategy = STRATEGIES[s.strategy](runner)
+    try:
+        with evaluator:
+            reason = strategy.run(state)
+    except KeyboardInterrupt:
+        store.set_run_status(run.id, "interrupted", "interrupted by user")
+        print(f"\ninterrupted: {runner.evaluations} evaluations are stored. Resume with:\n  "
+              f"{resume_command(store.url, run.id)}", file=sys.stderr)
+        return 130
+    except BaseException as exc:
+        store.set_run_status(run.id, "interrupted", f"{type(exc).__name__}: {exc}")
+        raise
+    store.set_run_status(run.id, "finished", reason)
+    if not quiet:
+        print(f"run {run.id} finished ({reason}): {runner.evaluations} evaluations; elites in {out}",
+              file=sys.stderr)
+        doc = elite_json.read(out)
+        print(elite_json.format_table(doc["elites"]))
+    return 0

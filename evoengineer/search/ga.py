@@ -1,0 +1,248 @@
+"""Genetic algorithm over a space (DEAP), with the K best valid individuals carried into every generation.
+
+Determinism: all randomness comes from Python's `random` module, seeded from the run's seed; a checkpoint after
+every generation holds the population, the hall of fame, the logbook and the RNG state (JSON, no pickle). Resuming
+replays the interrupted generation from that state, so the evaluated set and the elites equal an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from deap import base, creator, tools
+
+from evoengineer.search.runner import Runner
+from evoengineer.space.spec import SearchSpace
+
+if not hasattr(creator, "EvoFitnessMin"):
+    creator.create("EvoFitnessMin", base.Fitness, weights=(-1.0,))
+if not hasattr(creator, "EvoIndividual"):
+    creator.create("EvoIndividual", list, fitness=creator.EvoFitnessMin)
+
+Individual = Any
+
+
+@dataclass
+class GAParams:
+    """Operator rates. cxpb/mutpb per child; indpb per gene."""
+
+    cxpb: float = 0.6
+    mutpb: float = 0.8
+    indpb: float = 0.3
+    tournsize: int = 3
+    novelty_tries: int = 20
+
+
+# ---- operators --------------------------------------------------------------------------------------------------
+def _mutate_gene(ind: Individual, i: int, space: SearchSpace) -> None:
+    p = space.parameters[i]
+    n = len(p.values)
+    if p.ordinal:
+        step = random.choice((-1, 1)) * (2 if random.random() < 0.2 else 1)
+        j = ind[i] + step
+        if not 0 <= j < n:  # reflect at the ends
+            j = ind[i] - step
+        ind[i] = min(max(j, 0), n - 1)
+    else:
+        ind[i] = random.choice([j for j in range(n) if j != ind[i]])
+
+
+def mutate_genes(ind: Individual, space: SearchSpace, indpb: float) -> tuple[Individual]:
+    """Per-gene mutation: ordinal genes step to a neighbour (sometimes two), categorical genes resample.
+    At least one gene changes, so a mutant is never a silent clone."""
+    mutable = [i for i, p in enumerate(space.parameters) if len(p.values) > 1]
+    if not mutable:
+        return (ind,)
+    hits = [i for i in mutable if random.random() < indpb]
+    for i in hits or [random.choice(mutable)]:
+        _mutate_gene(ind, i, space)
+    return (ind,)
+
+
+def repair(ind: Individual, space: SearchSpace, indpb: float, tries: int = 20) -> Individual:
+    """Make `ind` valid in place: re-mutate a copy up to `tries` times, else draw a random valid genome."""
+    if space.is_valid_genome(ind):
+        return ind
+    original = list(ind)
+    for _ in range(tries):
+        trial = creator.EvoIndividual(original)
+        mutate_genes(trial, space, indpb)
+        if space.is_valid_genome(trial):
+            ind[:] = trial
+            return ind
+    ind[:] = space.random_valid_genome(random)
+    return ind
+
+
+def make_toolbox(space: SearchSpace, params: GAParams) -> base.Toolbox:
+    tb = base.Toolbox()
+    tb.register("individual", lambda: creator.EvoIndividual(space.random_valid_genome(random)))
+    tb.register("mate", tools.cxUniform, indpb=0.5)
+    tb.register("mutate", mutate_genes, space=space, indpb=params.indpb)
+    tb.register("repair", repair, space=space, indpb=params.indpb)
+    tb.register("select", tools.selTournament, tournsize=params.tournsize)
+    return tb
+
+
+def make_stats() -> tools.Statistics:
+    def finite(xs: Sequence[float]) -> list[float]:
+        return [x for x in xs if math.isfinite(x)]
+
+    stats = tools.Statistics(key=lambda ind: ind.fitness.values[0] if ind.fitness.valid else math.inf)
+    stats.register("valid", lambda xs: len(finite(xs)))
+    stats.register("best", lambda xs: min(finite(xs)) if finite(xs) else None)
+    stats.register("median", lambda xs: float(np.median(finite(xs))) if finite(xs) else None)
+    return stats
+
+
+# ---- state <-> JSON ---------------------------------------------------------------------------------------------
+def rng_to_json(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def rng_from_json(data: list) -> tuple:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)
+
+
+def _individual(genome: Sequence[int]) -> Individual:
+    return creator.EvoIndividual(list(genome))
+
+
+# ---- the algorithm ----------------------------------------------------------------------------------------------
+class GeneticSearch:
+    """One GA run over a Runner. `run(state)` starts fresh (state None) or continues from a checkpoint state."""
+
+    name = "ga"
+
+    def __init__(self, runner: Runner, params: GAParams | None = None):
+        self.runner = runner
+        self.space = runner.space
+        self.settings = runner.settings
+        self.params = params or GAParams()
+        self.toolbox = make_toolbox(self.space, self.params)
+        self.stats = make_stats()
+        self.hof = tools.HallOfFame(max(1, self.settings.elite))
+        self.logbook = tools.Logbook()
+        self.logbook.header = ["gen", "evals", "valid", "best", "median"]
+
+    # fitness from the runner's records; failed or unevaluated -> inf (never in the hall of fame)
+    def _assign(self, pop: Sequence[Individual], generation: int) -> None:
+        records = self.runner.evaluate(pop, generation)
+        for ind, rec in zip(pop, records):
+            if rec is not None:
+                ind.fitness.values = (rec.time_us,)
+
+    def _update_hof(self, pop: Sequence[Individual]) -> None:
+        self.hof.update([ind for ind in pop if ind.fitness.valid and math.isfinite(ind.fitness.values[0])])
+
+    def _elite_hashes(self) -> list[str]:
+        return [self.runner.hash_of(ind) for ind in self.hof]
+
+    def _record(self, gen: int, pop: Sequence[Individual]) -> dict[str, Any]:
+        rec = self.stats.compile(pop)
+        self.logbook.record(gen=gen, evals=self.runner.evaluations, **rec)
+        return {"gen": gen, "evals": self.runner.evaluations, **rec}
+
+    def _checkpoint(self, gen: int, pop: Sequence[Individual]) -> None:
+        state = {
+            "strategy": self.name,
+            "generation": gen,
+            "population": [list(ind) for ind in pop],
+            "hall_of_fame": [list(ind) for ind in self.hof],  # best first
+            "logbook": [dict(r) for r in self.logbook],
+            "rng": rng_to_json(random.getstate()),
+        }
+        self.runner.store.save_checkpoint(self.runner.run.id, gen, state)
+
+    def _restore(self, state: dict[str, Any]) -> tuple[int, list[Individual]]:
+        pop = [_individual(g) for g in state["population"]]
+        for ind in pop:
+            rec = self.runner.records.get(self.runner.hash_of(ind))
+            if rec is not None:
+                ind.fitness.values = (rec.time_us,)
+        self.hof.clear()
+        for g in reversed(state["hall_of_fame"]):  # reversed insertion reproduces the saved order, ties included
+            ind = _individual(g)
+            ind.fitness.values = (self.runner.records[self.runner.hash_of(ind)].time_us,)
+            self.hof.insert(ind)
+        for r in state["logbook"]:
+            self.logbook.record(**r)
+        random.setstate(rng_from_json(state["rng"]))
+        return int(state["generation"]), pop
+
+    def _initial_population(self) -> list[Individual]:
+        valid = self.space.valid_genomes()
+        n = self.settings.population
+        if n <= len(valid):
+            return [_individual(g) for g in random.sample(valid, n)]
+        return [_individual(g) for g in valid] + [self.toolbox.individual() for _ in range(n - len(valid))]
+
+    def _novel(self, child: Individual, gen: int, taken: set[tuple[int, ...]]) -> Individual:
+        """Nudge a child that repeats an earlier evaluation (or a sibling) toward an unseen valid config."""
+        for _ in range(self.params.novelty_tries):
+            if not self.runner.seen_before(child, gen) and tuple(child) not in taken:
+                break
+            self.toolbox.mutate(child)
+            self.toolbox.repair(child)
+        return child
+
+    def _offspring(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
+        tb = self.toolbox
+        chosen = tb.select(pop, n)
+        offspring = [tb.clone(ind) for ind in chosen]
+        for i in range(1, len(offspring), 2):
+            if random.random() < self.params.cxpb:
+                tb.mate(offspring[i - 1], offspring[i])
+        taken: set[tuple[int, ...]] = set()
+        for child in offspring:
+            if random.random() < self.params.mutpb:
+                tb.mutate(child)
+            tb.repair(child)
+            self._novel(child, gen, taken)
+            taken.add(tuple(child))
+            del child.fitness.values
+        return offspring
+
+    def run(self, state: dict[str, Any] | None = None) -> str:
+        """Search until the generations or the budget run out. Returns why it stopped."""
+        r, s = self.runner, self.settings
+        if state is None:
+            random.seed(s.seed)
+            pop = self._initial_population()
+            gen = 0
+            self._assign(pop, 0)
+            self._update_hof(pop)
+            stats = self._record(0, pop)
+            if not r.exhausted:
+                self._checkpoint(0, pop)
+            r.publish(self._elite_hashes(), 0, stats=stats)
+        else:
+            gen, pop = self._restore(state)
+        while True:
+            if r.exhausted:
+                reason = "budget"
+                break
+            if gen >= s.generations:
+                reason = "generations"
+                break
+            if r.space_exhausted:
+                reason = "space exhausted"
+                break
+            gen += 1
+            elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]
+            offspring = self._offspring(pop, max(0, s.population - len(elites)), gen)
+            self._assign(offspring, gen)
+            pop = elites + offspring
+            self._update_hof(offspring)
+            stats = self._record(gen, pop)
+            if not r.exhausted:
+                self._checkpoint(gen, pop)
+            r.publish(self._elite_hashes(), gen, stats=stats)
+        r.publish(self._elite_hashes(), gen, finished=True, stats={"gen": gen, "stop": reason})
+        return reason

@@ -1,0 +1,44 @@
+"""Progress observer: a line per generation (and optionally per evaluation) on stderr."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from elite_store import CandidateRecord
+
+
+class ProgressPrinter:
+    """Generation, evaluated/budget, valid, failures by status, best time, current elites."""
+
+    def __init__(self, stream: TextIO | None = None, *, per_evaluation: bool = False):
+        self.stream = stream or sys.stderr
+        self.per_evaluation = per_evaluation
+        self.t0 = time.monotonic()
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
+        if not self.per_evaluation:
+            return
+        t = rec.metrics.get("time_us")
+        what = f"{t:.3f} us" if rec.status == "ok" and t is not None else f"{rec.status}: {rec.reason[:100]}"
+        self._print(f"  [{runner.evaluations}] {rec.hash[:12]} {what}")
+
+    def on_generation(self, runner: Any, generation: int, stats: dict[str, Any]) -> None:
+        counts = runner.status_counts()
+        budget = runner.settings.budget
+        failures = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "ok") or "none"
+        best = min((r.time_us for r in runner.records.values()), default=float("inf"))
+        head = "done" if "stop" in stats else f"gen {generation}"
+        line = (f"{head:>8} | evaluated {runner.evaluations}/{budget if budget is not None else '-'} "
+                f"| valid {counts.get('ok', 0)} | failures: {failures} "
+                f"| best {best:.3f} us | {time.monotonic() - self.t0:.1f}s")
+        if "stop" in stats:
+            line += f" | stopped: {stats['stop']}"
+        self._print(line)
+        elites = [runner.records[h] for h in runner.elite_hashes]
+        if elites:
+            self._print("         elites: " + "; ".join(f"{r.time_us:.3f} us {r.hash[:8]}" for r in elites))

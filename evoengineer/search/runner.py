@@ -1,0 +1,133 @@
+"""The shared runner every strategy searches through: cache, budget, store, observers, elite.json.
+
+A strategy hands it genomes; the runner answers repeats from the run's store at no cost, evaluates what is new
+(within the budget), commits each result the moment it is known, and publishes elites.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+from elite_store import CandidateRecord, RunInfo, Store
+from evoengineer import elite_json
+from evoengineer.candidate import CandidateFactory, candidate_hash
+from evoengineer.evaluators.base import Evaluator
+from evoengineer.space.spec import SearchSpace
+
+
+class Observer(Protocol):
+    def on_evaluation(self, runner: "Runner", record: CandidateRecord) -> None: ...
+    def on_generation(self, runner: "Runner", generation: int, stats: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class SearchSettings:
+    strategy: str = "ga"
+    population: int = 16
+    generations: int = 10
+    elite: int = 3
+    budget: int | None = None
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Runner:
+    """Evaluates genomes for one run of one space. Strategies call `evaluate`, then `publish`."""
+
+    def __init__(self, *, space: SearchSpace, evaluator: Evaluator, store: Store, run: RunInfo,
+                 settings: SearchSettings, out: str | Path, observers: Sequence[Observer] = ()):
+        self.space = space
+        self.evaluator = evaluator
+        self.store = store
+        self.run = run
+        self.settings = settings
+        self.out = Path(out)
+        self.observers = list(observers)
+        self.factory = CandidateFactory(space)
+        self.records: dict[str, CandidateRecord] = {r.hash: r for r in store.candidates(run.id)}
+        self.exhausted = False
+        self.generation = 0
+        self.elite_hashes: list[str] = []
+        self._hash_of: dict[tuple[int, ...], str] = {}
+
+    # ---- identity -------------------------------------------------------------------------------------------------
+    def hash_of(self, genome: Sequence[int]) -> str:
+        key = tuple(genome)
+        h = self._hash_of.get(key)
+        if h is None:
+            h = candidate_hash(self.space, self.space.genome_to_params(key), self.factory.template_sha)
+            self._hash_of[key] = h
+        return h
+
+    def seen_before(self, genome: Sequence[int], generation: int) -> bool:
+        """Evaluated in an earlier generation of this run (a stable fact, whatever happened since)."""
+        r = self.records.get(self.hash_of(genome))
+        return r is not None and r.generation < generation
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.records)
+
+    @property
+    def budget_left(self) -> float:
+        b = self.settings.budget
+        return math.inf if b is None else max(0, b - self.evaluations)
+
+    @property
+    def space_exhausted(self) -> bool:
+        return self.evaluations >= self.space.count_valid()
+
+    # ---- evaluation -----------------------------------------------------------------------------------------------
+    def evaluate(self, genomes: Iterable[Sequence[int]], generation: int) -> list[CandidateRecord | None]:
+        """Records for `genomes`, in order. None where the budget ran out before that genome was reached."""
+        genomes = [tuple(g) for g in genomes]
+        self.generation = generation
+        new: list[tuple[int, ...]] = []
+        queued: set[str] = set()
+        for g in genomes:
+            h = self.hash_of(g)
+            if h in self.records or h in queued:
+                continue
+            if len(new) >= self.budget_left:
+                self.exhausted = True
+                break
+            new.append(g)
+            queued.add(h)
+        if new:
+            candidates = [self.factory.from_genome(g) for g in new]
+            for cand, m in self.evaluator.evaluate_many(candidates):
+                rec = CandidateRecord(hash=cand.hash, params=cand.params, status=m.status, reason=m.reason,
+                                      metrics=dict(m.metrics), generation=generation, source=cand.source)
+                self.store.record_candidate(self.run.id, rec)
+                rec.source = ""  # kept in the store only
+                self.records[cand.hash] = rec
+                for o in self.observers:
+                    o.on_evaluation(self, rec)
+        if self.settings.budget is not None and self.evaluations >= self.settings.budget:
+            self.exhausted = True
+        return [self.records.get(self.hash_of(g)) for g in genomes]
+
+    def status_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.records.values():
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return counts
+
+    # ---- results --------------------------------------------------------------------------------------------------
+    def publish(self, elite_hashes: Sequence[str], generation: int, *, finished: bool = False,
+                stats: dict[str, Any] | None = None) -> None:
+        """Record the elites in the store, rewrite elite.json atomically, tell the observers."""
+        self.elite_hashes = list(elite_hashes)
+        self.store.set_elites(self.run.id, elite_hashes)
+        elites = self.store.elites(self.run.id)  # with their sources
+        doc = elite_json.build_document(run=self.run, space=self.space, elites=elites, generation=generation,
+                                        evaluations=self.evaluations,
+                                        run_status="finished" if finished else "running")
+        elite_json.write_atomic(self.out, doc)
+        for o in self.observers:
+            o.on_generation(self, generation, stats or {})

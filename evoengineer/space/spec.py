@@ -1,0 +1,383 @@
+"""Search-space files (TOML): parameters, constraints, gates, shapes, and the template they drive."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from evoengineer import TEMPLATES_DIR
+from evoengineer.errors import UserError
+from evoengineer.space.expr import Expression, ExprError
+
+Value = Any  # int | float | bool | str
+Genome = list[int]
+
+BACKENDS = ("cpu", "cuda")
+KNOWN_GATES = ("max_registers", "max_smem_bytes", "max_spill_bytes", "max_stack_bytes")
+SEARCH_KEYS = ("population", "generations", "elite", "budget", "seed")
+TOP_KEYS = ("name", "description", "template", "task", "backend", "arch", "signature", "parameters",
+            "constraints", "gates", "shapes", "build", "search", "evaluation")
+ENUMERATION_LIMIT = 5_000_000
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One gene: an ordered list of allowed values. Ordinal genes mutate to neighbours; categorical ones resample."""
+
+    name: str
+    values: tuple[Value, ...]
+    ordinal: bool
+
+    def index(self, value: Value) -> int:
+        """Position of `value` in this parameter's list (exact type match: True is not 1)."""
+        for i, v in enumerate(self.values):
+            if type(v) is type(value) and v == value:
+                return i
+            if isinstance(v, float) and isinstance(value, int) and not isinstance(value, bool) and v == value:
+                return i
+        raise KeyError(value)
+
+    def canonical(self, value: Value) -> str:
+        """Text form used in landscape CSVs and hashes."""
+        return canonical_text(value)
+
+
+def canonical_text(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+@dataclass
+class SearchSpace:
+    """A parsed space file. Build with `load_space(path)` or `SearchSpace.from_text(text, path)`."""
+
+    name: str
+    description: str
+    template: str
+    template_path: Path
+    task: str
+    backend: str
+    arch: str | None
+    parameters: list[Parameter]
+    signature: dict[str, Value]
+    constraints: list[Expression]
+    gates: dict[str, float]
+    shapes: list[dict[str, Any]]
+    build_flags: tuple[str, ...]
+    search: dict[str, Any]
+    evaluation: dict[str, Any]
+    path: Path | None = None
+    text: str = ""
+    _valid: list[tuple[int, ...]] | None = field(default=None, repr=False)
+
+    # ---- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_text(cls, text: str, path: Path | str | None = None) -> "SearchSpace":
+        where = str(path) if path is not None else "<space>"
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{where}: malformed TOML: {exc}") from None
+        return _parse(data, text, Path(path) if path is not None else None, where)
+
+    # ---- genome <-> params ---------------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.parameters]
+
+    def genome_to_params(self, genome: Sequence[int]) -> dict[str, Value]:
+        return {p.name: p.values[g] for p, g in zip(self.parameters, genome)}
+
+    def params_to_genome(self, params: dict[str, Value]) -> list[int]:
+        self.check_params(params)
+        return [p.index(params[p.name]) for p in self.parameters]
+
+    def check_params(self, params: dict[str, Value], where: str = "params") -> None:
+        """Raise UserError unless `params` names every parameter with an allowed value and meets the constraints."""
+        missing = [n for n in self.names if n not in params]
+        extra = [n for n in params if n not in self.names]
+        if missing or extra:
+            raise UserError(f"{where}: space {self.name!r} expects parameters {self.names}; "
+                            f"missing {missing}, unknown {extra}")
+        for p in self.parameters:
+            try:
+                p.index(params[p.name])
+            except KeyError:
+                raise UserError(f"{where}: {p.name}={params[p.name]!r} is not one of {list(p.values)}") from None
+        broken = self.violated(params)
+        if broken:
+            raise UserError(f"{where}: {params} violates constraint {broken[0]!r} of space {self.name!r}")
+
+    def env(self, params: dict[str, Value]) -> dict[str, Value]:
+        return {**self.signature, **params}
+
+    def violated(self, params: dict[str, Value]) -> list[str]:
+        env = self.env(params)
+        return [c.text for c in self.constraints if not _holds(c, env)]
+
+    def is_valid_genome(self, genome: Sequence[int]) -> bool:
+        if len(genome) != len(self.parameters):
+            return False
+        if any(not 0 <= g < len(p.values) for g, p in zip(genome, self.parameters)):
+            return False
+        env = self.env(self.genome_to_params(genome))
+        return all(_holds(c, env) for c in self.constraints)
+
+    # ---- the valid set -----------------------------------------------------------------------------------------
+    @property
+    def product_size(self) -> int:
+        return math.prod(len(p.values) for p in self.parameters)
+
+    def valid_genomes(self) -> list[tuple[int, ...]]:
+        """Every genome meeting the constraints, in lexicographic order (cached)."""
+        if self._valid is None:
+            self._valid = list(self._enumerate())
+        return self._valid
+
+    def count_valid(self) -> int:
+        return len(self.valid_genomes())
+
+    def random_valid_genome(self, rng: random.Random | None = None) -> list[int]:
+        rng = rng or random
+        valid = self.valid_genomes()
+        return list(valid[rng.randrange(len(valid))])
+
+    def _enumerate(self) -> Iterator[tuple[int, ...]]:
+        # Depth-first over parameters in order; each constraint is checked as soon as its last name is bound,
+        # so whole subtrees are pruned early.
+        order = self.names
+        depth_of = {n: i for i, n in enumerate(order)}
+        checks: list[list[Expression]] = [[] for _ in order]
+        for c in self.constraints:
+            depths = [depth_of[n] for n in c.names if n in depth_of]
+            checks[max(depths) if depths else 0].append(c)
+        env: dict[str, Value] = dict(self.signature)
+        genome = [0] * len(order)
+        count = 0
+
+        def walk(d: int) -> Iterator[tuple[int, ...]]:
+            nonlocal count
+            p = self.parameters[d]
+            for i, v in enumerate(p.values):
+                env[p.name] = v
+                genome[d] = i
+                if not all(_holds(c, env) for c in checks[d]):
+                    continue
+                if d + 1 == len(order):
+                    count += 1
+                    if count > ENUMERATION_LIMIT:
+                        raise UserError(f"space {self.name!r} has more than {ENUMERATION_LIMIT} valid configurations")
+                    yield tuple(genome)
+                else:
+                    yield from walk(d + 1)
+
+        if order:
+            yield from walk(0)
+
+
+def _holds(expr: Expression, env: dict[str, Value]) -> bool:
+    try:
+        return bool(expr(env))
+    except (ZeroDivisionError, OverflowError, ValueError, TypeError):
+        return False
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate a space file; every problem is a UserError naming the file and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read space file: {exc.strerror or exc}") from None
+    return SearchSpace.from_text(text, path)
+
+
+def resolve_space_arg(arg: str) -> Path:
+    """A space given on the command line: a path, or the name of a shipped space in search_spaces/."""
+    from evoengineer import SPACES_DIR
+
+    p = Path(arg)
+    if p.exists() or p.suffix == ".toml" or "/" in arg:
+        return p
+    candidate = SPACES_DIR / f"{arg}.toml"
+    return candidate if candidate.exists() else p
+
+
+def shipped_spaces() -> list[Path]:
+    from evoengineer import SPACES_DIR
+
+    return sorted(SPACES_DIR.glob("*.toml"))
+
+
+# ---- parsing ----------------------------------------------------------------------------------------------------
+def _scalar_ok(v: Any) -> bool:
+    return isinstance(v, (bool, int, float, str))
+
+
+def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
+    key = f"{where}: parameters.{name}"
+    if not name.isidentifier():
+        raise UserError(f"{key}: parameter names must be identifiers")
+    if name in TOP_KEYS:
+        raise UserError(f"{key}: {name!r} is a top-level key; in TOML every key after [parameters] belongs to "
+                        "that table, so write it above the first [table] header")
+    ordinal = True
+    if isinstance(spec, list):
+        values = spec
+    elif isinstance(spec, dict):
+        unknown = set(spec) - {"values", "ordered", "type", "range", "step"}
+        if unknown:
+            raise UserError(f"{key}: unknown key(s) {sorted(unknown)}")
+        if spec.get("type") == "bool":
+            values, ordinal = [False, True], False
+        elif "type" in spec:
+            raise UserError(f"{key}: type must be \"bool\" (got {spec['type']!r})")
+        elif "range" in spec:
+            rng, step = spec["range"], spec.get("step", 1)
+            if (not isinstance(rng, list) or len(rng) != 2 or not all(type(x) is int for x in rng)
+                    or type(step) is not int or step <= 0 or rng[0] > rng[1]):
+                raise UserError(f"{key}: range must be [lo, hi] integers with lo <= hi and a positive integer step")
+            values = list(range(rng[0], rng[1] + 1, step))
+        elif "values" in spec:
+            values = spec["values"]
+        else:
+            raise UserError(f"{key}: give values = [...], range = [lo, hi] (with step), or type = \"bool\"")
+        if "ordered" in spec:
+            if not isinstance(spec["ordered"], bool):
+                raise UserError(f"{key}: ordered must be true or false")
+            ordinal = spec["ordered"]
+    else:
+        raise UserError(f"{key}: expected a list of values or a table")
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{key}: needs at least one value")
+    if not all(_scalar_ok(v) for v in values):
+        raise UserError(f"{key}: values must be numbers, booleans or strings")
+    kinds = {bool if isinstance(v, bool) else (float if isinstance(v, (int, float)) else str) for v in values}
+    if len(kinds) > 1:
+        raise UserError(f"{key}: values mix types {sorted(k.__name__ for k in kinds)}")
+    texts = [canonical_text(v) for v in values]
+    if len(set(texts)) != len(texts):
+        raise UserError(f"{key}: repeated values")
+    if kinds == {bool} and isinstance(spec, list):
+        ordinal = False
+    return Parameter(name, tuple(values), ordinal)
+
+
+def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
+    unknown = set(data) - set(TOP_KEYS)
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {sorted(unknown)} (known: {', '.join(TOP_KEYS)})")
+    for req in ("name", "template", "task", "backend", "parameters"):
+        if req not in data:
+            raise UserError(f"{where}: missing required key {req!r}")
+    for key in ("name", "template", "task", "backend"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise UserError(f"{where}: {key} must be a non-empty string")
+    backend = data["backend"]
+    if backend not in BACKENDS:
+        raise UserError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}")
+    arch = data.get("arch")
+    if backend == "cuda" and not (isinstance(arch, str) and arch.startswith("sm_")):
+        raise UserError(f"{where}: arch: a cuda space needs arch = \"sm_XX\" (e.g. \"sm_90\")")
+    if backend == "cpu" and arch is not None:
+        raise UserError(f"{where}: arch: only cuda spaces take an arch")
+
+    template_path = _resolve_template(data["template"], path, where)
+
+    if not isinstance(data["parameters"], dict) or not data["parameters"]:
+        raise UserError(f"{where}: parameters must be a non-empty table")
+    parameters = [_parse_parameter(n, s, where) for n, s in data["parameters"].items()]
+
+    signature = data.get("signature", {})
+    if not isinstance(signature, dict) or not all(_scalar_ok(v) for v in signature.values()):
+        raise UserError(f"{where}: signature must be a table of numbers, booleans or strings")
+    clash = set(signature) & {p.name for p in parameters}
+    if clash:
+        raise UserError(f"{where}: signature: {sorted(clash)} are also parameters")
+
+    names = [p.name for p in parameters] + list(signature)
+    raw_constraints = data.get("constraints", [])
+    if not isinstance(raw_constraints, list) or not all(isinstance(c, str) for c in raw_constraints):
+        raise UserError(f"{where}: constraints must be a list of strings")
+    constraints = []
+    for i, c in enumerate(raw_constraints):
+        try:
+            constraints.append(Expression(c, names))
+        except ExprError as exc:
+            raise UserError(f"{where}: constraints[{i}] {c!r}: {exc}") from None
+
+    gates = data.get("gates", {})
+    if not isinstance(gates, dict):
+        raise UserError(f"{where}: gates must be a table")
+    for k, v in gates.items():
+        if k not in KNOWN_GATES:
+            raise UserError(f"{where}: gates.{k}: unknown gate (known: {', '.join(KNOWN_GATES)})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise UserError(f"{where}: gates.{k}: must be a non-negative number")
+
+    shapes = data.get("shapes", [])
+    if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
+        raise UserError(f"{where}: shapes must be an array of tables ([[shapes]])")
+    seen = set()
+    for i, s in enumerate(shapes):
+        if not isinstance(s.get("name"), str):
+            raise UserError(f"{where}: shapes[{i}]: needs a name")
+        if s["name"] in seen:
+            raise UserError(f"{where}: shapes[{i}]: repeated name {s['name']!r}")
+        seen.add(s["name"])
+
+    build = data.get("build", {})
+    if not isinstance(build, dict) or set(build) - {"flags"}:
+        raise UserError(f"{where}: build: only 'flags' is allowed")
+    flags = build.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise UserError(f"{where}: build.flags must be a list of strings")
+
+    search = data.get("search", {})
+    if not isinstance(search, dict):
+        raise UserError(f"{where}: search must be a table")
+    for k, v in search.items():
+        if k not in SEARCH_KEYS:
+            raise UserError(f"{where}: search.{k}: unknown key (known: {', '.join(SEARCH_KEYS)})")
+        if type(v) is not int or v < 0:
+            raise UserError(f"{where}: search.{k}: must be a non-negative integer")
+    evaluation = data.get("evaluation", {})
+    if not isinstance(evaluation, dict):
+        raise UserError(f"{where}: evaluation must be a table")
+
+    space = SearchSpace(
+        name=data["name"], description=str(data.get("description", "")), template=data["template"],
+        template_path=template_path, task=data["task"], backend=backend, arch=arch, parameters=parameters,
+        signature=dict(signature), constraints=constraints, gates=dict(gates), shapes=shapes,
+        build_flags=tuple(flags), search=dict(search), evaluation=dict(evaluation), path=path, text=text)
+    if constraints and space.count_valid() == 0:
+        raise UserError(f"{where}: constraints exclude every configuration of the {space.product_size} in the space")
+    return space
+
+
+def _resolve_template(template: str, path: Path | None, where: str) -> Path:
+    candidates = []
+    t = Path(template)
+    if t.is_absolute():
+        candidates.append(t)
+    else:
+        if path is not None:
+            candidates.append(path.parent / t)
+        candidates.append(TEMPLATES_DIR / t)
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise UserError(f"{where}: template: {template!r} not found (looked in {', '.join(str(c.parent) for c in candidates)})")

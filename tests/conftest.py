@@ -1,0 +1,65 @@
+"""Shared fixtures: the toy space and a synthetic landscape over it."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def toy_measure(p: dict) -> tuple[str, float | None]:
+    """A smooth synthetic cost with planted failures; deterministic."""
+    if p["NUM_WARPS"] == 16 and p["D_STRIDE"] == 8:
+        return "gate_failed", None
+    if p["NUM_PRODUCER_WARPS"] == 3 and p["STAGES"] == 2:
+        return "timeout", None
+    if p["USE_FAST_EXP"] and p["D_STRIDE"] == 8 and p["QUERIES_PER_BLOCK"] == 8:
+        return "wrong", None
+    t = 100.0
+    t *= 1 + 0.3 * abs(math.log2(p["NUM_WARPS"] / 8))
+    t *= 1 + 0.2 * abs(p["STAGES"] - 3)
+    t *= 1 + 0.15 * abs(math.log2(p["QUERIES_PER_BLOCK"] / 4))
+    t *= 1 + 0.25 * abs(math.log2(p["D_STRIDE"] / 4))
+    t *= 1 + 0.1 * abs(p["NUM_PRODUCER_WARPS"] - 2)
+    t *= 0.9 if p["USE_FAST_EXP"] else 1.0
+    t *= {"a": 1.0, "b": 1.1, "c": 0.95}[p["LOOP_ORDER"]]
+    noise = int(hashlib.sha256(repr(sorted(p.items())).encode()).hexdigest()[:6], 16) / 0xFFFFFF
+    return "ok", round(t * (1 + 0.02 * noise), 4)
+
+
+def write_toy_landscape(space, path: Path, *, drop: int = 0) -> Path:
+    names = space.names
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names + ["status", "time_us", "reason"])
+        for i, g in enumerate(space.valid_genomes()):
+            if i < drop:
+                continue
+            p = space.genome_to_params(g)
+            status, t = toy_measure(p)
+            cells = [("true" if v else "false") if isinstance(v, bool) else v for v in p.values()]
+            w.writerow(cells + [status, "" if t is None else t, "" if status == "ok" else "planted"])
+    return path
+
+
+@pytest.fixture
+def toy_dir(tmp_path: Path) -> Path:
+    """A folder with the toy space, its template and a full landscape (landscape.csv)."""
+    d = tmp_path / "toy"
+    d.mkdir()
+    for name in ("toy_space.toml", "toy.cpp.j2"):
+        shutil.copy(DATA / name, d / name)
+    from evoengineer.space import load_space
+
+    write_toy_landscape(load_space(d / "toy_space.toml"), d / "landscape.csv")
+    return d
