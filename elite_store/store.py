@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import bindparam, create_engine, event, func, insert, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +25,10 @@ UNFINISHED = ("running", "interrupted")
 
 
 class StoreError(Exception):
-    """A database URL that cannot be opened, an unknown run id, or a schema mismatch."""
+    """A database URL that cannot be opened, an unknown run id, or a schema mismatch. Always one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
 
 
 @dataclass
@@ -83,6 +86,12 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
+_Q_CANDIDATE_ID = select(CandidateRow.id).where(CandidateRow.run_id == bindparam("run_id"),
+                                                CandidateRow.hash == bindparam("hash"))
+_Q_COUNT = select(func.count(CandidateRow.id)).where(CandidateRow.run_id == bindparam("run_id"))
+_INSERT_CANDIDATE = insert(CandidateRow)
+
+
 class Store:
     """Opens (and, with create=True, initialises) the database at `url`."""
 
@@ -109,9 +118,15 @@ class Store:
         except (ArgumentError, NoSuchModuleError, ImportError) as exc:
             raise StoreError(f"--db {url!r}: cannot open: {exc}") from None
         if self.is_sqlite:
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            # WAL is a property of the file, set when the store is created: opening an existing file
+            # (create=False) must not switch some other database's journal mode before it is known to be a store.
+            event.listen(self.engine, "connect", _sqlite_pragmas_wal if create else _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         try:
+            tables = set(inspect(self.engine).get_table_names())
+            if SchemaInfo.__tablename__ not in tables and (tables or not create):
+                self.engine.dispose()
+                raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info table)")
             if create:
                 Base.metadata.create_all(self.engine)
                 with self._session.begin() as s:
@@ -120,6 +135,7 @@ class Store:
             with self._session() as s:
                 row = s.get(SchemaInfo, "version")
         except SQLAlchemyError as exc:
+            self.engine.dispose()
             raise StoreError(f"--db {url!r}: cannot open: {str(exc.orig if hasattr(exc, 'orig') else exc)}") from None
         if row is None:
             raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info)")
@@ -174,17 +190,17 @@ class Store:
     def record_candidate(self, run_id: int, rec: CandidateRecord) -> None:
         """Commit one evaluation now. A hash already recorded in this run is left as it is."""
         metrics = {k: _finite_or_none(v) for k, v in rec.metrics.items()}
-        with self._session.begin() as s:
-            exists = s.scalar(select(CandidateRow.id).where(CandidateRow.run_id == run_id,
-                                                            CandidateRow.hash == rec.hash))
-            if exists is not None:
+        t = rec.time_us
+        # Prebuilt Core statements, not the ORM unit of work: this runs once per evaluation and should cost little.
+        with self.engine.begin() as conn:
+            if conn.scalar(_Q_CANDIDATE_ID, {"run_id": run_id, "hash": rec.hash}) is not None:
                 return
-            seq = s.scalar(select(func.count(CandidateRow.id)).where(CandidateRow.run_id == run_id)) or 0
-            t = rec.time_us
-            s.add(CandidateRow(run_id=run_id, seq=seq, hash=rec.hash, params=rec.params, status=rec.status,
-                               reason=rec.reason, metrics=metrics, time_us=t if math.isfinite(t) else None,
-                               generation=rec.generation, source=rec.source, started_at=rec.started_at,
-                               finished_at=utcnow()))
+            seq = conn.scalar(_Q_COUNT, {"run_id": run_id}) or 0
+            conn.execute(_INSERT_CANDIDATE, {
+                "run_id": run_id, "seq": seq, "hash": rec.hash, "params": rec.params, "status": rec.status,
+                "reason": rec.reason, "metrics": metrics, "time_us": t if math.isfinite(t) else None,
+                "generation": rec.generation, "source": rec.source, "started_at": rec.started_at,
+                "finished_at": utcnow()})
 
     def find_candidate(self, run_id: int, hash_: str) -> CandidateRecord | None:
         with self._session() as s:
@@ -245,9 +261,15 @@ class Store:
             return (c.generation, dict(c.state)) if c else None
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas_wal(dbapi_conn, record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+    _sqlite_pragmas(dbapi_conn, record)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 
+from evoengineer import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.spec import SearchSpace, canonical_text
 
@@ -38,12 +40,45 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def template_sources(space: SearchSpace) -> dict[str, str]:
+    """The template and every template it includes or extends (recursively), by loader name."""
+    env = _environment(str(space.template_path.parent))
+    seen: dict[str, str] = {}
+    todo = [space.template_path.name]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        try:
+            source, filename, _ = env.loader.get_source(env, name)
+            parsed = env.parse(source)
+        except jinja2.TemplateError as exc:
+            raise _template_error(space.template_path if name == space.template_path.name else Path(name), exc) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"{space.template_path}: cannot read template {name!r}: {exc}") from None
+        seen[name] = source
+        todo.extend(n for n in jinja2.meta.find_referenced_templates(parsed) if n is not None)
+    return seen
+
+
+def _sources_sha256(sources: dict[str, str]) -> str:
+    return sha256_text(json.dumps(sorted(sources.items())))
+
+
 def template_sha256(space: SearchSpace) -> str:
-    return sha256_text(space.template_path.read_text())
+    """Hash of the template and every template it includes or extends (recursively)."""
+    return _sources_sha256(template_sources(space))
+
+
+def normalize_params(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` in space order, each value replaced by the space's own value (1 given for 1.0 becomes 1.0), so
+    equal configurations hash and render alike. Values must be allowed ones (see SearchSpace.check_params)."""
+    return {p.name: p.values[p.index(params[p.name])] for p in space.parameters}
 
 
 def candidate_hash(space: SearchSpace, params: dict[str, Any], template_sha: str) -> str:
     """Hash of template source, params, signature, backend/arch and build flags."""
+    params = normalize_params(space, params)
     ident = {
         "template_sha256": template_sha,
         "params": {k: canonical_text(params[k]) for k in space.names},
@@ -51,40 +86,57 @@ def candidate_hash(space: SearchSpace, params: dict[str, Any], template_sha: str
         "backend": space.backend,
         "arch": space.arch,
         "build_flags": list(space.build_flags),
+        "cuda_flags": list(space.cuda_flags),
+        "ldflags": list(space.ldflags),
     }
     return sha256_text(json.dumps(ident, sort_keys=True))
 
 
 @lru_cache(maxsize=32)
 def _environment(template_dir: str) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir), undefined=jinja2.StrictUndefined,
+    # The template's own folder first, then templates/ (so a template can include a shipped one).
+    loader = jinja2.FileSystemLoader([template_dir, str(TEMPLATES_DIR)])
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 
 
-def render(space: SearchSpace, params: dict[str, Any]) -> str:
-    """Render the space's template for `params` (validated first) plus the signature constants."""
+def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environment | None = None) -> str:
+    """Render the space's template for `params` (validated first) plus the signature constants.
+    `env` (default: one loading from the template's folder) is where the template is looked up."""
     space.check_params(params)
+    params = normalize_params(space, params)
     path: Path = space.template_path
-    env = _environment(str(path.parent))
+    env = env or _environment(str(path.parent))
     try:
         return env.get_template(path.name).render(**space.env(params))
     except jinja2.TemplateError as exc:
-        line = getattr(exc, "lineno", None)
-        at = f":{line}" if line else ""
-        raise UserError(f"{path}{at}: template error: {exc}") from None
+        raise _template_error(path, exc) from None
+
+
+def _template_error(path: Path, exc: jinja2.TemplateError) -> UserError:
+    line = getattr(exc, "lineno", None)
+    at = f":{line}" if line else ""
+    return UserError(f"{path}{at}: template error: {exc}")
 
 
 class CandidateFactory:
-    """Makes candidates for one space, reading the template once."""
+    """Makes candidates for one space, reading the template (and what it includes) once: every source it renders
+    comes from the very text its hashes are computed from, even if the files change on disk meanwhile."""
 
     def __init__(self, space: SearchSpace):
         self.space = space
-        self.template_sha = template_sha256(space)
+        self.sources = template_sources(space)
+        self.template_sha = _sources_sha256(self.sources)
+        fallback = _environment(str(space.template_path.parent)).loader  # dynamic includes, if any
+        self._env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.DictLoader(self.sources), fallback]),
+                                       undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                       autoescape=False, auto_reload=False)
 
     def make(self, params: dict[str, Any]) -> Candidate:
-        source = render(self.space, params)
+        source = render(self.space, params, env=self._env)
         s = self.space
-        return Candidate(space_name=s.name, params=dict(params), hash=candidate_hash(s, params, self.template_sha),
+        params = normalize_params(s, params)
+        return Candidate(space_name=s.name, params=params, hash=candidate_hash(s, params, self.template_sha),
                          source=source, template=s.template, backend=s.backend, arch=s.arch,
                          build_flags=s.build_flags, signature=dict(s.signature))
 

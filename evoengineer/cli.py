@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--generations", type=_positive_int, help="generations after the initial one")
     s.add_argument("--elite", type=_positive_int, help="elites carried into each generation (default 3)")
     s.add_argument("--budget", type=_positive_int, help="most distinct evaluations")
+    s.add_argument("--build-jobs", type=_positive_int, help="parallel builds (default: CPU cores)")
+    s.add_argument("--cache-dir", help="build cache (default $EVOENGINEER_CACHE or ~/.cache/evoengineer)")
     s.add_argument("--force", action="store_true", help="overwrite --out even if it holds another space's elites")
     s.add_argument("--quiet", action="store_true")
 
@@ -85,7 +87,8 @@ def cmd_search(a: argparse.Namespace) -> int:
 
     space = resolve_space_arg(a.space) if a.space else default_space()
     return start_search(space_path=space, db=a.db, out=a.out, landscape=a.landscape, strategy=a.strategy,
-                        force=a.force, quiet=a.quiet, seed=a.seed, population=a.population,
+                        force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
+                        seed=a.seed, population=a.population,
                         generations=a.generations, elite=a.elite, budget=a.budget)
 
 

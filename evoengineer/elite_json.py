@@ -65,24 +65,38 @@ def write_atomic(path: str | Path, doc: dict[str, Any]) -> None:
 def read(path: str | Path) -> dict[str, Any]:
     """Load and check an elite.json; UserError on anything that is not one."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not an elite.json")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not JSON: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("elites"), list):
         raise UserError(f"{path}: not an elite.json (schema {SCHEMA!r} expected)")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
+            raise UserError(f"{path}: elite.json key {key!r} is missing or not a {kind.__name__}")
+    for i, e in enumerate(doc["elites"]):
+        if not isinstance(e, dict) or not isinstance(e.get("params"), dict) or not isinstance(e.get("metrics"), dict):
+            raise UserError(f"{path}: elites[{i}]: needs params and metrics tables")
     return doc
+
+
+_REQUIRED = {"space": str, "run_id": int, "run_status": str, "generation": int, "evaluations": int,
+             "fingerprint": dict}
 
 
 def check_writable(path: str | Path, space_name: str, *, force: bool = False) -> None:
     """Refuse to overwrite a file that is not an elite.json, or one from another space (unless forced)."""
     path = Path(path)
-    if not path.exists() or force:
-        return
     if path.is_dir():
         raise UserError(f"--out {path}: is a directory")
+    if not path.exists() or force:
+        return
     try:
         doc = read(path)
     except UserError:

@@ -24,13 +24,24 @@ def replay_delay() -> float:
     return value
 
 
-def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, options: dict[str, Any] | None = None
-                         ) -> Evaluator:
+def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> Evaluator:
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    if space.backend == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"space {space.name!r} is a cuda space and this machine has no usable GPU "
+                            "(replay a landscape with --landscape, or pick a cpu space)")
+    return LocalEvaluator(space, seed=seed, build_jobs=build_jobs, cache_dir=cache_dir)
+
+
+def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, seed: int = 0,
+                         build_jobs: int | None = None, cache_dir: str | None = None) -> Evaluator:
     """A replay evaluator when a landscape is given, else real builds and runs for the space's backend."""
     if landscape is not None:
         return ReplayEvaluator(landscape, space, delay_s=replay_delay())
-    raise UserError(f"space {space.name!r}: real evaluation of {space.backend} kernels is not available yet; "
-                    "pass --landscape FILE to replay a recorded landscape")
+    return _local(space, seed, build_jobs, cache_dir)
 
 
 def evaluator_for_resume(space: SearchSpace, described: dict[str, Any]) -> Evaluator:
@@ -44,4 +55,6 @@ def evaluator_for_resume(space: SearchSpace, described: dict[str, Any]) -> Evalu
         if ev.landscape.sha256 != described.get("landscape_sha256"):
             raise UserError(f"{path}: landscape changed since the run started; resuming would mix measurements")
         return ev
+    if kind == "local":
+        return _local(space, int(described.get("seed", 0)), described.get("build_jobs"), described.get("cache_dir"))
     raise UserError(f"run's evaluator {kind!r} is not available in this installation")

@@ -54,12 +54,13 @@ def resume_command(url: str, run_id: int) -> str:
 
 def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "elite.json",
                  landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
-                 **settings: Any) -> int:
+                 build_jobs: int | None = None, cache_dir: str | None = None, **settings: Any) -> int:
     """Validate everything, create the run, search. Returns the process exit code."""
     space = load_space(space_path)
     s = settings_from(space, strategy, **settings)
     elite_json.check_writable(out, space.name, force=force)
-    evaluator = evaluator_for_search(space, landscape=landscape)
+    evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,
+                                     cache_dir=cache_dir)
     store = open_store(db, create=True)
     fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
     config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}

@@ -46,7 +46,10 @@ def _mutate_gene(ind: Individual, i: int, space: SearchSpace) -> None:
         j = ind[i] + step
         if not 0 <= j < n:  # reflect at the ends
             j = ind[i] - step
-        ind[i] = min(max(j, 0), n - 1)
+        j = min(max(j, 0), n - 1)
+        if j == ind[i]:  # a two-step on a short gene can reflect back onto itself: take the neighbour instead
+            j = ind[i] + 1 if ind[i] + 1 < n else ind[i] - 1
+        ind[i] = j
     else:
         ind[i] = random.choice([j for j in range(n) if j != ind[i]])
 

@@ -1,6 +1,6 @@
 """Safe constraint expressions: parsed with `ast`, compiled to closures over a small whitelist.
 
-Allowed: numbers, booleans, parameter names, + - * / // % **, unary - + not, comparisons (chained),
+Allowed: numbers, booleans, parameter names, strings only as a side of == or !=, + - * / // % **, unary - + not, comparisons (chained),
 and/or, and calls to min/max. Nothing from the file is ever passed to eval/exec.
 """
 
@@ -47,6 +47,13 @@ class Expression:
     def __repr__(self) -> str:
         return f"Expression({self.text!r})"
 
+    def _operand(self, node: ast.AST, equality: bool) -> Compiled:
+        # A string constant is allowed only as a side of == / != (to test a categorical string parameter).
+        if equality and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value
+            return lambda env: value
+        return self._compile(node)
+
     def _compile(self, node: ast.AST) -> Compiled:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or isinstance(node.value, (int, float)):
@@ -69,7 +76,11 @@ class Expression:
                     exponent = right(env)
                     if abs(exponent) > 64:
                         raise ExprError(f"exponent {exponent} too large")
-                    return left(env) ** exponent
+                    base = left(env)
+                    # nested powers ((2**64)**64)**64... grow without bound: cap the size of an integer result
+                    if isinstance(base, int) and isinstance(exponent, int) and base.bit_length() * abs(exponent) > 4096:
+                        raise ExprError("power too large")
+                    return base ** exponent
                 return power
             return lambda env: op(left(env), right(env))
         if isinstance(node, ast.UnaryOp):
@@ -86,8 +97,9 @@ class Expression:
                 return lambda env: all(p(env) for p in parts)
             return lambda env: any(p(env) for p in parts)
         if isinstance(node, ast.Compare) and all(type(o) in _CMPOPS for o in node.ops):
-            first = self._compile(node.left)
-            chain = [(_CMPOPS[type(o)], self._compile(c)) for o, c in zip(node.ops, node.comparators)]
+            equality = all(isinstance(o, (ast.Eq, ast.NotEq)) for o in node.ops)
+            first = self._operand(node.left, equality)
+            chain = [(_CMPOPS[type(o)], self._operand(c, equality)) for o, c in zip(node.ops, node.comparators)]
 
             def compare(env: Env) -> bool:
                 left = first(env)

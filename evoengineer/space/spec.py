@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import keyword
 import math
 import random
 import sys
@@ -24,6 +24,7 @@ Genome = list[int]
 
 BACKENDS = ("cpu", "cuda")
 KNOWN_GATES = ("max_registers", "max_smem_bytes", "max_spill_bytes", "max_stack_bytes")
+BUILD_KEYS = ("flags", "cuda_flags", "ldflags")
 SEARCH_KEYS = ("population", "generations", "elite", "budget", "seed")
 TOP_KEYS = ("name", "description", "template", "task", "backend", "arch", "signature", "parameters",
             "constraints", "gates", "shapes", "build", "search", "evaluation")
@@ -77,6 +78,8 @@ class SearchSpace:
     gates: dict[str, float]
     shapes: list[dict[str, Any]]
     build_flags: tuple[str, ...]
+    cuda_flags: tuple[str, ...]
+    ldflags: tuple[str, ...]
     search: dict[str, Any]
     evaluation: dict[str, Any]
     path: Path | None = None
@@ -199,9 +202,11 @@ def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a space file; every problem is a UserError naming the file and key."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read space file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: malformed TOML: not UTF-8 text (byte {exc.start})") from None
     return SearchSpace.from_text(text, path)
 
 
@@ -229,8 +234,8 @@ def _scalar_ok(v: Any) -> bool:
 
 def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
     key = f"{where}: parameters.{name}"
-    if not name.isidentifier():
-        raise UserError(f"{key}: parameter names must be identifiers")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UserError(f"{key}: parameter names must be identifiers (and not Python keywords)")
     if name in TOP_KEYS:
         raise UserError(f"{key}: {name!r} is a top-level key; in TOML every key after [parameters] belongs to "
                         "that table, so write it above the first [table] header")
@@ -241,6 +246,11 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
         unknown = set(spec) - {"values", "ordered", "type", "range", "step"}
         if unknown:
             raise UserError(f"{key}: unknown key(s) {sorted(unknown)}")
+        kinds_given = [k for k in ("values", "type", "range") if k in spec]
+        if len(kinds_given) > 1:
+            raise UserError(f"{key}: give only one of values, range or type (got {', '.join(kinds_given)})")
+        if "step" in spec and "range" not in spec:
+            raise UserError(f"{key}: step only goes with range = [lo, hi]")
         if spec.get("type") == "bool":
             values, ordinal = [False, True], False
         elif "type" in spec:
@@ -269,9 +279,11 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
     if len(kinds) > 1:
         raise UserError(f"{key}: values mix types {sorted(k.__name__ for k in kinds)}")
     texts = [canonical_text(v) for v in values]
-    if len(set(texts)) != len(texts):
+    # 1 and 1.0 are one value too: they would name the same configuration twice
+    numeric = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(set(texts)) != len(texts) or len(set(numeric)) != len(numeric):
         raise UserError(f"{key}: repeated values")
-    if kinds == {bool} and isinstance(spec, list):
+    if kinds == {bool} and not (isinstance(spec, dict) and "ordered" in spec):
         ordinal = False
     return Parameter(name, tuple(values), ordinal)
 
@@ -340,11 +352,12 @@ def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
         seen.add(s["name"])
 
     build = data.get("build", {})
-    if not isinstance(build, dict) or set(build) - {"flags"}:
-        raise UserError(f"{where}: build: only 'flags' is allowed")
-    flags = build.get("flags", [])
-    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-        raise UserError(f"{where}: build.flags must be a list of strings")
+    if not isinstance(build, dict) or set(build) - set(BUILD_KEYS):
+        raise UserError(f"{where}: build: allowed keys are {', '.join(BUILD_KEYS)}")
+    for k in BUILD_KEYS:
+        v = build.get(k, [])
+        if not isinstance(v, list) or not all(isinstance(f, str) for f in v):
+            raise UserError(f"{where}: build.{k} must be a list of strings")
 
     search = data.get("search", {})
     if not isinstance(search, dict):
@@ -362,7 +375,8 @@ def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
         name=data["name"], description=str(data.get("description", "")), template=data["template"],
         template_path=template_path, task=data["task"], backend=backend, arch=arch, parameters=parameters,
         signature=dict(signature), constraints=constraints, gates=dict(gates), shapes=shapes,
-        build_flags=tuple(flags), search=dict(search), evaluation=dict(evaluation), path=path, text=text)
+        build_flags=tuple(build.get("flags", [])), cuda_flags=tuple(build.get("cuda_flags", [])),
+        ldflags=tuple(build.get("ldflags", [])), search=dict(search), evaluation=dict(evaluation), path=path, text=text)
     if constraints and space.count_valid() == 0:
         raise UserError(f"{where}: constraints exclude every configuration of the {space.product_size} in the space")
     return space

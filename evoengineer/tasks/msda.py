@@ -30,6 +30,9 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
+
+from evoengineer.errors import UserError
+from evoengineer.tasks.base import Task
 import torch.nn.functional as F
 
 __all__ = [
@@ -305,3 +308,63 @@ def min_bytes(shape: MSDAShape, value_itemsize: int) -> int:
     weight_bytes = samples * 4
     out_bytes = shape.N * shape.Lq * shape.M * shape.D * value_itemsize
     return value_bytes + loc_bytes + weight_bytes + out_bytes
+
+
+# ---- the task, as the evaluator sees it ----------------------------------------------------------------------------
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class MSDATask(Task):
+    """MSDA forward. Signature constants: L, P, D (and VALUE_DTYPE, default float32); the rest is runtime."""
+
+    name = "msda"
+    entry = "evo_msda_forward"
+    binding = "bindings/msda_binding.cpp"
+
+    def __init__(self, space):
+        sig = space.signature
+        where = f"{space.path or space.name}: signature"
+        for k in ("L", "P", "D"):
+            if type(sig.get(k)) is not int or sig[k] <= 0:
+                raise UserError(f"{where}.{k}: the msda task needs a positive integer {k}")
+        dtype_name = sig.get("VALUE_DTYPE", "float32")
+        if dtype_name not in _DTYPES:
+            raise UserError(f"{where}.VALUE_DTYPE: one of {', '.join(_DTYPES)}")
+        self.value_dtype = _DTYPES[dtype_name]
+        super().__init__(space)
+
+    def parse_shape(self, d):
+        shape = MSDAShape.from_dict(d)
+        sig = self.space.signature
+        if (shape.L, shape.P, shape.D) != (sig["L"], sig["P"], sig["D"]):
+            raise ValueError(f"shape {shape.name!r} has L={shape.L} P={shape.P} D={shape.D}; the template "
+                             f"signature is L={sig['L']} P={sig['P']} D={sig['D']}")
+        return shape
+
+    def make_inputs(self, shape, seed):
+        return make_inputs(shape, seed, dtype=self.value_dtype, device=self.device)
+
+    def reference(self, inputs):
+        return reference(inputs, dtype=torch.float64)
+
+    def new_output(self, inputs):
+        v, loc = inputs["value"], inputs["sampling_locations"]
+        N, Lq, M, D = v.shape[0], loc.shape[1], v.shape[2], v.shape[3]
+        return torch.full((N, Lq, M * D), float("nan"), dtype=self.value_dtype, device=v.device)
+
+    def launch(self, module, inputs, out):
+        rc = module.forward(*(inputs[k] for k in INPUT_KEYS), out)
+        if rc != 0:
+            raise RuntimeError(f"kernel returned status {rc}")
+
+    def output_dtype(self):
+        return self.value_dtype
+
+    def baselines(self):
+        return {"reference": lambda inputs: reference(inputs, dtype=torch.float32)}
+
+    def flops(self, shape):
+        return flops(shape)
+
+    def min_bytes(self, shape):
+        return min_bytes(shape, torch.empty((), dtype=self.value_dtype).element_size())

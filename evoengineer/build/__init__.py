@@ -1,0 +1,1 @@
+"""Builds: cached, parallel compilation of candidates through torch.utils.cpp_extension."""

@@ -1,0 +1,188 @@
+"""Parallel, cached builds of candidates through torch.utils.cpp_extension.
+
+The family's torch binding is compiled once per toolchain; each candidate compiles only its kernel and a tiny shim
+and links against it. Results (successes and deterministic failures) are cached by candidate hash + toolchain, so
+a repeat or a resumed run builds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evoengineer import TEMPLATES_DIR
+from evoengineer.build import compile as compile_mod
+from evoengineer.build.toolchain import toolchain
+from evoengineer.candidate import Candidate
+from evoengineer.space.spec import SearchSpace
+
+CACHED_FAILURES = ("compile_error", "link_error")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("EVOENGINEER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "evoengineer"
+
+
+@dataclass
+class BuildResult:
+    status: str  # ok | compile_error | link_error | build_error
+    reason: str = ""
+    so: str | None = None
+    module: str | None = None
+    build_s: float = 0.0
+    cached: bool = False
+    log: str = ""
+    retry: bool = False  # the builder process died (maybe for another candidate): worth one more try
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+class Builder:
+    """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
+
+    def __init__(self, space: SearchSpace, *, entry: str, binding: str, cache_dir: str | Path | None = None,
+                 jobs: int | None = None):
+        self.space = space
+        self.entry = entry
+        self.binding_path = (TEMPLATES_DIR / binding).resolve()
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.toolchain = toolchain(space.backend)
+        self.cflags = list(space.build_flags)
+        self.cuda_cflags = list(space.cuda_flags) if space.backend == "cuda" else None
+        if space.backend == "cuda":
+            self.cflags.append("-DEVO_WITH_CUDA")
+            self.cuda_cflags = [*(self.cuda_cflags or []), "-DEVO_WITH_CUDA"]
+        self.ldflags = list(space.ldflags)
+        self.suffix = ".cu" if space.backend == "cuda" else ".cpp"
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_broken = False
+        self._binding: dict[str, Any] | None = None
+
+    # ---- keys and cache -------------------------------------------------------------------------------------------
+    def _binding_key(self) -> str:
+        return _sha({"source": self.binding_path.read_text(), "toolchain": self.toolchain, "cflags": self.cflags,
+                     "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
+
+    def key(self, candidate: Candidate) -> str:
+        return _sha({"candidate": candidate.hash, "toolchain": self.toolchain, "binding": self._binding_key(),
+                     "entry": self.entry})[:32]
+
+    def candidate_dir(self, candidate: Candidate) -> Path:
+        k = self.key(candidate)
+        return self.cache_dir / "candidates" / k[:2] / k
+
+    def cached(self, candidate: Candidate) -> BuildResult | None:
+        meta = self.candidate_dir(candidate) / "meta.json"
+        try:
+            data = json.loads(meta.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if data.get("status") == "ok" and not Path(data.get("so", "")).exists():
+            return None
+        return BuildResult(status=data["status"], reason=data.get("reason", ""), so=data.get("so"),
+                           module=data.get("module"), build_s=0.0, cached=True)
+
+    def _save(self, candidate: Candidate, result: BuildResult) -> None:
+        d = self.candidate_dir(candidate)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / "meta.json.tmp"
+        tmp.write_text(json.dumps({"status": result.status, "reason": result.reason, "so": result.so,
+                                   "module": result.module, "build_s": result.build_s,
+                                   "candidate": candidate.hash}))
+        os.replace(tmp, d / "meta.json")
+        if result.log:
+            (d / "build.log").write_text(result.log)
+
+    # ---- processes ------------------------------------------------------------------------------------------------
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool_broken:
+            self._restart_pool()
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
+                                             initializer=compile_mod.builder_init)
+        return self._pool
+
+    def _restart_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+        self._pool_broken = False
+
+    def binding(self) -> dict[str, Any]:
+        """Build (or find) the family binding; its cost is paid once, never per candidate."""
+        if self._binding is None:
+            key = self._binding_key()
+            name = f"evo_binding_{key}"
+            job = {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source": str(self.binding_path),
+                   "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags}
+            so = Path(job["dir"]) / f"{name}.so"
+            if so.exists():
+                self._binding = {"status": "ok", "so": str(so), "build_s": 0.0}
+            else:
+                try:
+                    self._binding = self._executor().submit(compile_mod.safe, compile_mod.build_binding, job).result()
+                except BrokenProcessPool:
+                    self._restart_pool()
+                    self._binding = {"status": "build_error", "reason": "builder process died building the binding"}
+        return self._binding
+
+    def submit(self, candidate: Candidate) -> "Future[BuildResult]":
+        """Start building `candidate` (or answer from the cache at once)."""
+        done: Future[BuildResult] = Future()
+        hit = self.cached(candidate)
+        if hit is not None:
+            done.set_result(hit)
+            return done
+        binding = self.binding()
+        if binding["status"] != "ok":
+            done.set_result(BuildResult(status="build_error", reason=binding.get("reason", ""),
+                                        log=binding.get("log", "")))
+            return done
+        k = self.key(candidate)
+        name = f"evo_{k[:24]}"
+        job = {"name": name, "entry": self.entry, "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
+               "source": candidate.source, "binding_so": binding["so"], "cflags": self.cflags,
+               "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags}
+        t0 = time.perf_counter()
+        try:
+            inner = self._executor().submit(compile_mod.safe, compile_mod.build_candidate, job)
+        except BrokenProcessPool:
+            self._restart_pool()
+            inner = self._executor().submit(compile_mod.safe, compile_mod.build_candidate, job)
+
+        def finish(f: Future) -> None:
+            try:
+                r = f.result()
+            except BrokenProcessPool:
+                self._pool_broken = True  # replaced on the next submit, from the caller's thread
+                r = {"status": "build_error", "reason": "builder process died (a crash while loading a candidate?)",
+                     "build_s": time.perf_counter() - t0, "retry": True}
+            except Exception as exc:  # pragma: no cover - defensive
+                r = {"status": "build_error", "reason": f"{type(exc).__name__}: {exc}"}
+            result = BuildResult(status=r["status"], reason=r.get("reason", ""), so=r.get("so"),
+                                 module=name if r["status"] == "ok" else None, build_s=float(r.get("build_s", 0.0)),
+                                 log=r.get("log", ""), retry=bool(r.get("retry")))
+            if result.status == "ok" or result.status in CACHED_FAILURES:
+                self._save(candidate, result)
+            done.set_result(result)
+
+        inner.add_done_callback(finish)
+        return done
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,41 @@
+"""Toolchain fingerprint: what must match for a cached build to be reused."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from functools import lru_cache
+from typing import Any
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    exe = shutil.which(cmd[0])
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    return lines[-1].strip() if cmd[0] == "nvcc" and lines else (lines[0].strip() if lines else None)
+
+
+@lru_cache(maxsize=None)
+def toolchain(backend: str) -> dict[str, Any]:
+    """Compiler, CUDA, torch and Python versions, and the host CPU (builds may use -march=native)."""
+    import torch
+
+    from evoengineer.fingerprint import _cpu_model
+
+    tc: dict[str, Any] = {
+        "cxx": _first_line(["c++", "--version"]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+    }
+    if backend == "cuda":
+        tc["nvcc"] = _first_line(["nvcc", "--version"])
+        tc["cuda"] = torch.version.cuda
+    return tc

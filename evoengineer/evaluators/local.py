@@ -1,0 +1,211 @@
+"""Real evaluation on this machine: parallel cached builds, then checks and timing in an isolated worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, as_completed
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from evoengineer import ROOT
+from evoengineer.build.builder import Builder, BuildResult, default_cache_dir
+from evoengineer.candidate import Candidate
+from evoengineer.evaluators.base import Evaluator, Measurement
+from evoengineer.space.spec import SearchSpace
+from evoengineer.tasks.base import get_task
+
+
+class WorkerFailure(Exception):
+    """The worker hung (timeout) or died (crash); `status` says which."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class WorkerProcess:
+    """One measurement subprocess in its own session (so Ctrl-C and kills stay contained)."""
+
+    def __init__(self, init: dict[str, Any], init_timeout_s: float):
+        self.log = tempfile.NamedTemporaryFile(prefix="evo-worker-", suffix=".log", delete=False)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "evoengineer.evaluators.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True)
+        self._buf = b""
+        reply = self.request({"cmd": "init", **init}, init_timeout_s)
+        if not reply.get("ok"):
+            raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _log_tail(self, n: int = 600) -> str:
+        try:
+            text = Path(self.log.name).read_text(errors="replace")
+        except OSError:
+            return ""
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return " | ".join(lines[-4:])[-n:]
+
+    def request(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one message and wait for its reply line, at most `timeout_s`."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerFailure("timeout", f"no answer within {timeout_s:g} s (worker killed)")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise self._died()
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _died(self) -> WorkerFailure:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        if code is not None and code < 0:
+            try:
+                what = signal.Signals(-code).name
+            except ValueError:
+                what = f"signal {-code}"
+            reason = f"worker killed by {what}"
+        else:
+            reason = f"worker exited with code {code}"
+        tail = self._log_tail()
+        return WorkerFailure("runtime_error", reason + (f": {tail}" if tail else ""))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(b'{"cmd": "quit"}\n')  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+class LocalEvaluator(Evaluator):
+    """Builds candidates (parallel, cached) and measures them one at a time in a replaceable worker."""
+
+    kind = "local"
+
+    def __init__(self, space: SearchSpace, *, seed: int = 0, build_jobs: int | None = None,
+                 cache_dir: str | Path | None = None):
+        self.space = space
+        self.task = get_task(space)  # validates shapes and settings up front
+        self.settings = self.task.settings
+        self.seed = seed
+        jobs = build_jobs or int(self.settings["build_jobs"]) or os.cpu_count() or 1
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding, cache_dir=self.cache_dir,
+                               jobs=jobs)
+        self.worker: WorkerProcess | None = None
+        self.workers_started = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "seed": self.seed, "build_jobs": self.builder.jobs, "cache_dir": str(self.cache_dir),
+                "evaluation": self.settings}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"toolchain": self.builder.toolchain}
+
+    # ---- worker lifecycle -------------------------------------------------------------------------------------------
+    def _worker(self) -> WorkerProcess:
+        if self.worker is None or not self.worker.alive():
+            if self.worker is not None:
+                self.worker.close()
+            self.workers_started += 1
+            init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
+                    "seed": self.seed * 1000 + self.workers_started}
+            self.worker = WorkerProcess(init, float(self.settings["init_timeout_s"]))
+        return self.worker
+
+    def measure(self, candidate: Candidate, build: BuildResult) -> Measurement:
+        """Check and time a built candidate in the worker; a hang or crash costs only the worker."""
+        extra = {"build_s": build.build_s, "build_cached": build.cached}
+        try:
+            worker = self._worker()
+            reply = worker.request({"cmd": "eval", "so": build.so, "module": build.module, "hash": candidate.hash},
+                                   float(self.settings["timeout_s"]))
+        except WorkerFailure as f:
+            if self.worker is not None:
+                self.worker.kill()
+                self.worker = None
+            return Measurement(f.status, f.reason, extra)
+        if reply.get("fatal") and self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+        return Measurement(reply["status"], reply.get("reason", ""), {**reply.get("metrics", {}), **extra})
+
+    # ---- the evaluator interface --------------------------------------------------------------------------------
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        return next(iter(self.evaluate_many([candidate])))[1]
+
+    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
+        candidates = list(candidates)
+        futures: dict[Future, Candidate] = {self.builder.submit(c): c for c in candidates}
+        if self.space.backend == "cpu":
+            # CPU timing shares the cores with the compilers: finish every build before measuring anything.
+            for f in futures:
+                f.result()
+        retried: set[str] = set()
+        pending = dict(futures)
+        while pending:
+            for f in as_completed(list(pending)):
+                c = pending.pop(f)
+                build = f.result()
+                if build.retry and c.hash not in retried:
+                    retried.add(c.hash)
+                    pending[self.builder.submit(c)] = c
+                    continue
+                if build.status != "ok":
+                    yield c, Measurement(build.status, build.reason, {"build_s": build.build_s})
+                else:
+                    yield c, self.measure(c, build)
+                break  # re-enter as_completed with the current pending set
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        self.builder.close()

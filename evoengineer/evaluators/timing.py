@@ -1,0 +1,54 @@
+"""Timing of one callable: warm-up, many timed repeats, percentiles.
+
+CPU: perf_counter around each call. CUDA: a pair of events around each call; with `flush_l2`, a buffer twice the
+L2 size is written between calls so every call starts with a cold L2 (the result says which).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+def percentiles(samples_us: list[float]) -> dict[str, float]:
+    a = np.asarray(samples_us, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "min": float(a.min()), "n": int(a.size)}
+
+
+def time_callable(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, flush_l2: bool = True
+                  ) -> dict[str, Any]:
+    """Time `fn()`; returns p50/p90/p99/min in microseconds, n, and the cache condition."""
+    if device == "cuda":
+        return _time_cuda(fn, warmup, repeats, flush_l2)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return {**percentiles(samples), "cache": "warm (CPU, same inputs every call)"}
+
+
+def _time_cuda(fn: Callable[[], Any], warmup: int, repeats: int, flush_l2: bool) -> dict[str, Any]:
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    scratch = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda") if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        if scratch is not None:
+            scratch.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    cache = "L2 flushed before every call" if flush_l2 else "L2 warm (same inputs every call)"
+    return {**percentiles(samples), "cache": cache}
