@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from sqlalchemy import bindparam, create_engine, event, func, insert, inspect, select
+from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -118,9 +118,7 @@ class Store:
         except (ArgumentError, NoSuchModuleError, ImportError) as exc:
             raise StoreError(f"--db {url!r}: cannot open: {exc}") from None
         if self.is_sqlite:
-            # WAL is a property of the file, set when the store is created: opening an existing file
-            # (create=False) must not switch some other database's journal mode before it is known to be a store.
-            event.listen(self.engine, "connect", _sqlite_pragmas_wal if create else _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         try:
             tables = set(inspect(self.engine).get_table_names())
@@ -128,6 +126,11 @@ class Store:
                 self.engine.dispose()
                 raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info table)")
             if create:
+                if self.is_sqlite and not tables:
+                    # WAL is a property of the file, set once when the store is created (never on a database
+                    # that is not known to be a store: opening one must leave it as it is).
+                    with self.engine.connect() as conn:
+                        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
                 Base.metadata.create_all(self.engine)
                 with self._session.begin() as s:
                     if s.get(SchemaInfo, "version") is None:
@@ -137,6 +140,8 @@ class Store:
         except SQLAlchemyError as exc:
             self.engine.dispose()
             raise StoreError(f"--db {url!r}: cannot open: {str(exc.orig if hasattr(exc, 'orig') else exc)}") from None
+        if row is None or row.value != SCHEMA_VERSION:
+            self.engine.dispose()
         if row is None:
             raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info)")
         if row.value != SCHEMA_VERSION:
@@ -227,15 +232,17 @@ class Store:
     # ---- elites ---------------------------------------------------------------------------------------------------
     def set_elites(self, run_id: int, hashes: Iterable[str]) -> None:
         """Replace the run's elites with `hashes`, best first (rank 1)."""
-        with self._session.begin() as s:
-            for e in s.scalars(select(Elite).where(Elite.run_id == run_id)):
-                s.delete(e)
-            s.flush()
+        hashes = list(hashes)
+        with self.engine.begin() as conn:  # one transaction: a failure leaves the old elites in place
+            conn.execute(delete(Elite).where(Elite.run_id == run_id))
+            rows = []
             for rank, h in enumerate(hashes, start=1):
-                cid = s.scalar(select(CandidateRow.id).where(CandidateRow.run_id == run_id, CandidateRow.hash == h))
+                cid = conn.scalar(_Q_CANDIDATE_ID, {"run_id": run_id, "hash": h})
                 if cid is None:
                     raise StoreError(f"elite {h[:12]} is not a candidate of run {run_id}")
-                s.add(Elite(run_id=run_id, rank=rank, candidate_id=cid))
+                rows.append({"run_id": run_id, "rank": rank, "candidate_id": cid})
+            if rows:
+                conn.execute(insert(Elite), rows)
 
     def elites(self, run_id: int) -> list[CandidateRecord]:
         with self._session() as s:
@@ -259,13 +266,6 @@ class Store:
             c = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id)
                           .order_by(Checkpoint.generation.desc()).limit(1)).first()
             return (c.generation, dict(c.state)) if c else None
-
-
-def _sqlite_pragmas_wal(dbapi_conn, record) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.close()
-    _sqlite_pragmas(dbapi_conn, record)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -42,8 +42,13 @@ def sha256_text(text: str) -> str:
 
 def template_sources(space: SearchSpace) -> dict[str, str]:
     """The template and every template it includes or extends (recursively), by loader name."""
+    return {name: source for name, (source, _) in _template_files(space).items()}
+
+
+def _template_files(space: SearchSpace) -> dict[str, tuple[str, str | None]]:
+    """name -> (source, filename) for the template and everything it includes or extends."""
     env = _environment(str(space.template_path.parent))
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str | None]] = {}
     todo = [space.template_path.name]
     while todo:
         name = todo.pop()
@@ -56,7 +61,7 @@ def template_sources(space: SearchSpace) -> dict[str, str]:
             raise _template_error(space.template_path if name == space.template_path.name else Path(name), exc) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"{space.template_path}: cannot read template {name!r}: {exc}") from None
-        seen[name] = source
+        seen[name] = (source, filename)
         todo.extend(n for n in jinja2.meta.find_referenced_templates(parsed) if n is not None)
     return seen
 
@@ -111,12 +116,31 @@ def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environmen
         return env.get_template(path.name).render(**space.env(params))
     except jinja2.TemplateError as exc:
         raise _template_error(path, exc) from None
+    except Exception as exc:  # e.g. range(UNDEFINED), 1 / 0, a filter on the wrong type: still the template's fault
+        where, line = _template_frame(exc, path)
+        at = f":{line}" if line else ""
+        raise UserError(f"{where}{at}: template error: {type(exc).__name__}: {exc}") from None
 
 
 def _template_error(path: Path, exc: jinja2.TemplateError) -> UserError:
     line = getattr(exc, "lineno", None)
+    where = getattr(exc, "filename", None) or path
+    if line is None:
+        where, line = _template_frame(exc, path)
     at = f":{line}" if line else ""
-    return UserError(f"{path}{at}: template error: {exc}")
+    return UserError(f"{where}{at}: template error: {exc}")
+
+
+def _template_frame(exc: BaseException, path: Path) -> tuple[str, int | None]:
+    """The innermost template file and line in `exc`'s traceback (Jinja maps its frames to template lines)."""
+    where, line = str(path), None
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name.endswith((".j2", ".jinja", ".jinja2", ".tmpl")) or name == str(path) or name == "<template>":
+            where, line = (str(path) if name == "<template>" else name), tb.tb_lineno
+        tb = tb.tb_next
+    return where, line
 
 
 class CandidateFactory:
@@ -125,10 +149,12 @@ class CandidateFactory:
 
     def __init__(self, space: SearchSpace):
         self.space = space
-        self.sources = template_sources(space)
+        files = _template_files(space)
+        self.sources = {name: source for name, (source, _) in files.items()}
         self.template_sha = _sources_sha256(self.sources)
         fallback = _environment(str(space.template_path.parent)).loader  # dynamic includes, if any
-        self._env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.DictLoader(self.sources), fallback]),
+        snapshot = jinja2.FunctionLoader(lambda name: (*files[name], lambda: True) if name in files else None)
+        self._env = jinja2.Environment(loader=jinja2.ChoiceLoader([snapshot, fallback]),
                                        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                                        autoescape=False, auto_reload=False)
 

@@ -95,6 +95,14 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
     path = Path(path)
     if path.is_dir():
         raise UserError(f"--out {path}: is a directory")
+    # the folder must exist or be creatable, and be writable: found out now, not after the run has started
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {path}: cannot write in {parent}")
     if not path.exists() or force:
         return
     try:

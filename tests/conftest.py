@@ -63,3 +63,17 @@ def toy_dir(tmp_path: Path) -> Path:
 
     write_toy_landscape(load_space(d / "toy_space.toml"), d / "landscape.csv")
     return d
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    """One build cache for the whole test session: the family binding is compiled once."""
+    return tmp_path_factory.mktemp("evocache")
+
+
+@pytest.fixture
+def faults_dir(tmp_path: Path) -> Path:
+    """A folder with the test-only faults space and template."""
+    d = tmp_path / "faults"
+    shutil.copytree(DATA / "faults", d)
+    return d

@@ -1,0 +1,62 @@
+"""Builds through cpp_extension: binding once per family, per-candidate cache, end-to-end CPU search."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from evoengineer.build.builder import Builder
+from evoengineer.candidate import CandidateFactory
+from evoengineer.cli import main
+from evoengineer.space import load_space
+from evoengineer.tasks.base import get_task
+
+
+def test_binding_once_and_candidate_cache(faults_dir: Path, build_cache: Path):
+    space = load_space(faults_dir / "faults_space.toml")
+    task = get_task(space)
+    f = CandidateFactory(space)
+    cands = [f.make({"FAULT": "none", "D_VEC": 4}), f.make({"FAULT": "none", "D_VEC": 8})]
+    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=build_cache, jobs=2)
+    try:
+        first = [b.submit(c).result() for c in cands]
+    finally:
+        b.close()
+    assert all(r.status == "ok" and Path(r.so).exists() for r in first)
+    assert len(list((build_cache / "bindings").iterdir())) == 1
+    # the candidate's objects hold no torch binding: only its kernel and the shim were compiled
+    objs = sorted(p.name for p in Path(first[0].so).parent.glob("*.o"))
+    assert objs == ["kernel.o", "shim.o"]
+    again = Builder(space, entry=task.entry, binding=task.binding, cache_dir=build_cache, jobs=1)
+    try:
+        second = [again.submit(c).result() for c in cands]
+    finally:
+        again.close()
+    assert all(r.cached and r.build_s == 0.0 and r.so == s.so for r, s in zip(second, first))
+    assert again._pool is None, "a cached build must not even start a builder process"
+
+
+def test_default_search_on_cpu_then_cached_rebuild(tmp_path: Path, build_cache: Path, monkeypatch, capsys):
+    """`search` with no --space on a machine without a GPU runs the CPU MSDA space for real."""
+    monkeypatch.chdir(tmp_path)
+    args = ["search", "--db", "sqlite:///s.db", "--population", "4", "--generations", "1", "--elite", "1", "--budget", "6",
+            "--cache-dir", str(build_cache), "--build-jobs", "2"]
+    assert main(args) == 0
+    doc = json.loads((tmp_path / "elite.json").read_text())
+    assert doc["space"] == "cpu_msda" and doc["evaluator"]["kind"] == "local"
+    assert 1 <= len(doc["elites"]) <= 3
+    for e in doc["elites"]:
+        m = e["metrics"]
+        assert m["time_us"] > 0 and m["speedup"] > 0 and m["baseline"] == "reference"
+        assert m["max_abs_err"] < 1e-4 and m["repeats"] == 20 and "warm" in m["timing"]
+        assert "MsdaTraits" in e["source"]
+    con = sqlite3.connect(tmp_path / "s.db")
+    metrics = [json.loads(r[0]) for r in con.execute("select metrics from candidates where run_id = 1")]
+    assert len(metrics) == 6 and all("build_s" in m for m in metrics)
+    # a new run with the same seed starts from the same population: those builds all come from the cache
+    again = ["search", "--db", "sqlite:///s.db", "--population", "4", "--generations", "0", "--force",
+             "--cache-dir", str(build_cache)]
+    assert main(again) == 0
+    metrics = [json.loads(r[0]) for r in con.execute("select metrics from candidates where run_id = 2")]
+    assert len(metrics) == 4 and all(m["build_cached"] and m["build_s"] == 0.0 for m in metrics)

@@ -1,0 +1,376 @@
+"""The GA over the shared runner, replaying the toy landscape: budget, no repeats, validity, elites, determinism,
+and a sanity check that it finds the optimum."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import toy_measure, write_toy_landscape
+from elite_store import Store
+from evoengineer import elite_json
+from evoengineer.candidate import Candidate
+from evoengineer.evaluators import Evaluator, Measurement, ReplayEvaluator
+from evoengineer.search import GeneticSearch, Runner, SearchSettings
+from evoengineer.search.ga import GAParams, make_toolbox, mutate_genes, repair
+from evoengineer.space import SearchSpace, load_space
+
+
+class CheckingEvaluator(Evaluator):
+    """Wraps an evaluator: counts calls, and asserts each candidate is a valid, never-seen configuration."""
+
+    kind = "checking"
+
+    def __init__(self, inner: Evaluator, space: SearchSpace):
+        self.inner, self.space = inner, space
+        self.calls: list[str] = []
+        self.keys: set[tuple] = set()
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        genome = self.space.params_to_genome(candidate.params)  # raises unless every value is allowed
+        assert self.space.is_valid_genome(genome), candidate.params
+        assert not self.space.violated(candidate.params)
+        key = tuple(genome)
+        assert key not in self.keys, f"evaluated twice: {candidate.params}"
+        assert candidate.hash not in self.calls
+        self.keys.add(key)
+        self.calls.append(candidate.hash)
+        return self.inner.evaluate(candidate)
+
+
+@dataclass
+class Result:
+    reason: str
+    runner: Runner
+    store: Store
+    run_id: int
+    evaluator: CheckingEvaluator
+    out: Path
+    checkpoints: list[tuple[int, dict]] = field(default_factory=list)
+    children: list[tuple[int, tuple]] = field(default_factory=list)
+
+    @property
+    def doc(self) -> dict:
+        return elite_json.read(self.out)
+
+    def ok_times(self) -> list[float]:
+        return sorted(c.time_us for c in self.store.candidates(self.run_id) if c.status == "ok")
+
+
+def run_ga(space_file: Path, landscape: Path, work: Path, *, seed: int = 0, population: int = 8,
+           generations: int = 10, elite: int = 3, budget: int | None = None, db: str | None = None,
+           capture: bool = True) -> Result:
+    space = load_space(space_file)
+    work.mkdir(parents=True, exist_ok=True)
+    ev = CheckingEvaluator(ReplayEvaluator(landscape, space), space)
+    store = Store(db or f"sqlite:///{work / 'ga.db'}")
+    settings = SearchSettings(population=population, generations=generations, elite=elite, budget=budget, seed=seed)
+    rid = store.create_run(space_name=space.name, space_path=str(space_file), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64,
+                           config={**settings.to_dict(), "evaluator": ev.describe()}, seed=seed,
+                           fingerprint={"cpu": "test"})
+    out = work / "elite.json"
+    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings, out=out)
+    res = Result("", runner, store, rid, ev, out)
+
+    save = store.save_checkpoint
+
+    def save_checkpoint(run_id: int, gen: int, state: dict) -> None:
+        if capture:
+            res.checkpoints.append((gen, copy.deepcopy(state)))
+        save(run_id, gen, state)
+
+    store.save_checkpoint = save_checkpoint
+    evaluate = runner.evaluate
+
+    def checked_evaluate(genomes, generation):
+        genomes = [tuple(g) for g in genomes]
+        for g in genomes:  # every individual handed to the runner, repeats included, is a valid configuration
+            assert space.is_valid_genome(g), g
+            res.children.append((generation, g))
+        return evaluate(genomes, generation)
+
+    runner.evaluate = checked_evaluate
+    res.reason = GeneticSearch(runner).run(None)
+    return res
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    """The toy space, its template and a full landscape; shared by the module (tests only read it)."""
+    import shutil
+
+    from conftest import DATA
+
+    d = tmp_path_factory.mktemp("toy")
+    for name in ("toy_space.toml", "toy.cpp.j2"):
+        shutil.copy(DATA / name, d / name)
+    write_toy_landscape(load_space(d / "toy_space.toml"), d / "landscape.csv")
+    return d
+
+
+def toy_run(toy: Path, work: Path, **kw) -> Result:
+    return run_ga(toy / "toy_space.toml", toy / "landscape.csv", work, **kw)
+
+
+def landscape_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+# ---- budget ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget, population", [(1, 8), (5, 8), (8, 8), (9, 8), (61, 8), (150, 12)])
+def test_budget_is_respected_exactly(toy: Path, tmp_path: Path, budget: int, population: int):
+    r = toy_run(toy, tmp_path, seed=budget, population=population, generations=1000, budget=budget)
+    assert r.reason == "budget"
+    assert len(r.evaluator.calls) == budget
+    assert r.store.count_candidates(r.run_id) == budget == r.runner.evaluations
+    assert r.doc["evaluations"] == budget and r.doc["run_status"] == "finished"
+
+
+def test_generations_limit(toy: Path, tmp_path: Path):
+    r = toy_run(toy, tmp_path, population=8, generations=3, elite=2)
+    assert r.reason == "generations"
+    assert {g for g, _ in r.children} == {0, 1, 2, 3}
+    assert [g for g, _ in r.checkpoints] == [0, 1, 2, 3]
+    # generation 0 is the whole population; later ones the population less the carried elites
+    assert sum(1 for g, _ in r.children if g == 0) == 8
+    assert all(sum(1 for g, _ in r.children if g == k) == 6 for k in (1, 2, 3))
+    assert r.doc["generation"] == 3
+    assert len(r.evaluator.calls) <= 8 + 3 * 6
+
+
+def test_generations_zero(toy: Path, tmp_path: Path):
+    r = toy_run(toy, tmp_path, population=6, generations=0)
+    assert r.reason == "generations" and len(r.evaluator.calls) == 6
+
+
+# A small space (12 configurations, 9 valid) to exhaust.
+SMALL = """name = "small"
+template = "small.j2"
+task = "t"
+backend = "cpu"
+constraints = ["A * B <= 8"]
+[parameters]
+A = [1, 2, 4]
+B = [1, 2, 4, 8]
+"""
+
+
+def small_space(d: Path, fail: set[tuple[int, int]] = frozenset()) -> tuple[Path, Path]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "small.j2").write_text("{{ A }} {{ B }}\n")
+    (d / "small.toml").write_text(SMALL)
+    space = load_space(d / "small.toml")
+    rows = []
+    for g in space.valid_genomes():
+        p = space.genome_to_params(g)
+        bad = (p["A"], p["B"]) in fail
+        rows.append({"A": p["A"], "B": p["B"], "status": "runtime_error" if bad else "ok",
+                     "time_us": "" if bad else 100 + 10 * p["A"] - p["B"]})
+    return d / "small.toml", write_rows(d / "landscape.csv", rows)
+
+
+def test_stops_when_the_space_is_exhausted(tmp_path: Path):
+    space_file, land = small_space(tmp_path / "s")
+    assert load_space(space_file).count_valid() == 9
+    r = run_ga(space_file, land, tmp_path / "w", population=4, generations=500, elite=2, budget=1000)
+    assert r.reason == "space exhausted"
+    assert len(r.evaluator.calls) == 9 == len(set(r.evaluator.calls))
+    assert len(r.checkpoints) < 500
+
+
+def test_population_larger_than_the_space(tmp_path: Path):
+    space_file, land = small_space(tmp_path / "s")
+    r = run_ga(space_file, land, tmp_path / "w", population=16, generations=5, elite=3)
+    assert r.reason == "space exhausted" and len(r.evaluator.calls) == 9
+    assert len(r.doc["elites"]) == 3
+
+
+# ---- no repeats, valid children -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_configuration_evaluated_twice_and_children_valid(toy: Path, tmp_path: Path, seed: int):
+    r = toy_run(toy, tmp_path, seed=seed, population=10, generations=25, elite=3)
+    # CheckingEvaluator asserted validity and novelty on every call; the store agrees
+    hashes = [c.hash for c in r.store.candidates(r.run_id)]
+    assert hashes == r.evaluator.calls and len(set(hashes)) == len(hashes)
+    assert {tuple(r.runner.space.params_to_genome(c.params)) for c in r.store.candidates(r.run_id)} \
+        == r.evaluator.keys
+    # each generation's children are (nearly all) new: the GA steers away from repeats
+    later = [g for gen, g in r.children if gen > 0]
+    assert len(later) == 25 * 7
+    assert len(r.evaluator.calls) > 10 + 0.9 * len(later)
+    for gen, g in r.children:
+        assert r.runner.space.is_valid_genome(g)
+
+
+# ---- elites -------------------------------------------------------------------------------------------------------
+def check_elites(r: Result, k: int) -> None:
+    doc = r.doc
+    elites = doc["elites"]
+    ok = r.ok_times()
+    assert [e["metrics"]["time_us"] for e in elites] == ok[:k]
+    assert [e["rank"] for e in elites] == list(range(1, len(elites) + 1))
+    assert all(e["status"] == "ok" for e in elites)
+    assert [e.hash for e in r.store.elites(r.run_id)] == [e["hash"] for e in elites]
+    by_hash = {c.hash: c for c in r.store.candidates(r.run_id, with_source=True)}
+    for e in elites:
+        c = by_hash[e["hash"]]
+        assert c.status == "ok" and c.params == e["params"] and c.source == e["source"] and c.source
+        assert e["metrics"] == c.metrics
+    assert doc["evaluations"] == r.store.count_candidates(r.run_id)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_elites_are_the_k_best_ok_candidates(toy: Path, tmp_path: Path, k: int):
+    r = toy_run(toy, tmp_path, seed=k, population=10, generations=12, elite=k)
+    assert len(r.doc["elites"]) == k
+    check_elites(r, k)
+    assert all(len(state["hall_of_fame"]) == k for _, state in r.checkpoints)
+
+
+def test_failed_candidates_never_enter_the_elites(toy: Path, tmp_path: Path):
+    """Plant failures on the 300 configurations the smooth cost likes best: the GA is drawn to them."""
+    rows = landscape_rows(toy / "landscape.csv")
+    oks = sorted((float(r["time_us"]), i) for i, r in enumerate(rows) if r["status"] == "ok")
+    statuses = ["timeout", "wrong", "gate_failed", "runtime_error", "compile_error"]
+    for n, (_, i) in enumerate(oks[:300]):
+        rows[i] = {**rows[i], "status": statuses[n % len(statuses)], "time_us": "", "reason": "planted"}
+    land = write_rows(tmp_path / "land.csv", rows)
+    r = run_ga(toy / "toy_space.toml", land, tmp_path / "w", seed=4, population=12, generations=30, elite=4)
+    failed = {c.hash for c in r.store.candidates(r.run_id) if c.status != "ok"}
+    assert len(failed) > 20  # the search did run into the planted failures
+    for _, state in r.checkpoints:
+        for g in state["hall_of_fame"]:
+            assert r.runner.hash_of(g) not in failed
+    check_elites(r, 4)
+
+
+def test_few_ok_candidates_gives_fewer_elites(tmp_path: Path):
+    space_file, land = small_space(tmp_path / "s", fail={(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1), (1, 8)})
+    r = run_ga(space_file, land, tmp_path / "w", population=4, generations=50, elite=3)
+    assert r.reason == "space exhausted"
+    elites = r.doc["elites"]
+    assert [(e["params"]["A"], e["params"]["B"]) for e in elites] == [(2, 4), (4, 2)]  # 116 us, 138 us
+    assert all(e["status"] == "ok" for e in elites)
+    check_elites(r, 3)
+
+
+def test_every_candidate_failing(tmp_path: Path):
+    all_bad = {(a, b) for a in (1, 2, 4) for b in (1, 2, 4, 8)}
+    space_file, land = small_space(tmp_path / "s", fail=all_bad)
+    r = run_ga(space_file, land, tmp_path / "w", population=4, generations=5, elite=2)
+    assert r.doc["elites"] == [] and r.store.elites(r.run_id) == []
+    assert r.reason == "space exhausted"
+
+
+def test_elite_preservation(toy: Path, tmp_path: Path):
+    """Every checkpoint's population holds the previous generation's hall of fame, which holds the K best
+    configurations evaluated up to then."""
+    k = 3
+    r = toy_run(toy, tmp_path, seed=11, population=8, generations=20, elite=k)
+    cands = r.store.candidates(r.run_id)
+    gens = [g for g, _ in r.checkpoints]
+    assert gens == list(range(21))
+    for (g0, prev), (g1, cur) in zip(r.checkpoints, r.checkpoints[1:]):
+        assert g1 == g0 + 1
+        assert len(cur["population"]) == 8
+        for ind in prev["hall_of_fame"]:
+            assert ind in cur["population"], (g1, ind)
+        assert cur["population"][: len(prev["hall_of_fame"])] == prev["hall_of_fame"]
+    for g, state in r.checkpoints:
+        best = sorted(c.time_us for c in cands if c.generation <= g and c.status == "ok")[:k]
+        hof_times = [r.runner.records[r.runner.hash_of(ind)].time_us for ind in state["hall_of_fame"]]
+        assert hof_times == best, g
+    # each generation's best is the best found so far: it never gets worse
+    bests = [state["logbook"][-1]["best"] for _, state in r.checkpoints]
+    assert bests == [min(c.time_us for c in cands if c.generation <= g) for g in gens]
+    assert bests == sorted(bests, reverse=True)
+
+
+# ---- determinism ----------------------------------------------------------------------------------------------------
+def test_same_seed_same_result_different_seed_differs(toy: Path, tmp_path: Path):
+    kw = dict(population=10, generations=15, elite=3, budget=120)
+    a = toy_run(toy, tmp_path / "a", seed=5, **kw)
+    random.seed(12345)  # whatever state the global RNG is in before a run does not matter
+    b = toy_run(toy, tmp_path / "b", seed=5, **kw)
+    c = toy_run(toy, tmp_path / "c", seed=6, **kw)
+    assert a.evaluator.calls == b.evaluator.calls
+    assert [(c1.hash, c1.generation, c1.status) for c1 in a.store.candidates(a.run_id)] == \
+        [(c2.hash, c2.generation, c2.status) for c2 in b.store.candidates(b.run_id)]
+    assert a.checkpoints == b.checkpoints
+    assert a.out.read_text() == b.out.read_text()  # byte for byte
+    assert a.evaluator.calls != c.evaluator.calls
+    assert set(a.evaluator.calls) != set(c.evaluator.calls)
+
+
+# ---- operators ------------------------------------------------------------------------------------------------------
+def test_mutation_always_changes_a_gene(tmp_path: Path):
+    (tmp_path / "m.j2").write_text("x")
+    (tmp_path / "m.toml").write_text('name = "m"\ntemplate = "m.j2"\ntask = "t"\nbackend = "cpu"\n'
+                                     "[parameters]\nA = [1, 2]\nB = [5]\nC = { values = [1, 2], ordered = true }\n")
+    space = load_space(tmp_path / "m.toml")
+    from deap import creator
+
+    random.seed(0)
+    for _ in range(2000):
+        g = random.choice(space.valid_genomes())
+        ind = creator.EvoIndividual(list(g))
+        mutate_genes(ind, space, indpb=random.choice([0.0, 0.3, 1.0]))
+        assert list(ind) != list(g)
+        assert space.is_valid_genome(ind)
+
+
+def test_repair_makes_valid(toy: Path):
+    from deap import creator
+
+    space = load_space(toy / "toy_space.toml")
+    random.seed(1)
+    valid = set(space.valid_genomes())
+    for _ in range(300):
+        g = [random.randrange(len(p.values)) for p in space.parameters]
+        ind = creator.EvoIndividual(g)
+        was_valid = tuple(g) in valid
+        repair(ind, space, indpb=0.3)
+        assert tuple(ind) in valid
+        if was_valid:
+            assert list(ind) == g  # valid genomes are left alone
+    tb = make_toolbox(space, GAParams())
+    for _ in range(50):
+        assert tuple(tb.individual()) in valid
+
+
+# ---- sanity: it finds the optimum -----------------------------------------------------------------------------------
+def test_finds_the_optimum_within_a_quarter_of_the_space(toy: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("os.fsync", lambda fd: None)  # elite.json is rewritten every generation: skip the disk sync
+    space = load_space(toy / "toy_space.toml")
+    optimum = min(t for g in space.valid_genomes()
+                  for s, t in [toy_measure(space.genome_to_params(g))] if s == "ok")
+    budget = space.count_valid() // 4
+    seeds = [0, 1, 2, 3, 4]
+    hits = 0
+    for seed in seeds:
+        r = toy_run(toy, tmp_path / str(seed), seed=seed, population=16, generations=10_000, budget=budget,
+                    db="sqlite://", capture=False)
+        assert r.reason == "budget" and len(r.evaluator.calls) == budget
+        best = r.doc["elites"][0]["metrics"]["time_us"]
+        assert best == r.ok_times()[0] >= optimum
+        hits += best <= optimum * 1.05
+    assert hits >= len(seeds) - 1, f"only {hits}/{len(seeds)} seeds got within 5% of {optimum}"
