@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from elite_store.models import Base, CandidateRow, Checkpoint, Elite, Run, SchemaInfo, utcnow
@@ -197,15 +197,20 @@ class Store:
         metrics = {k: _finite_or_none(v) for k, v in rec.metrics.items()}
         t = rec.time_us
         # Prebuilt Core statements, not the ORM unit of work: this runs once per evaluation and should cost little.
-        with self.engine.begin() as conn:
-            if conn.scalar(_Q_CANDIDATE_ID, {"run_id": run_id, "hash": rec.hash}) is not None:
-                return
-            seq = conn.scalar(_Q_COUNT, {"run_id": run_id}) or 0
-            conn.execute(_INSERT_CANDIDATE, {
-                "run_id": run_id, "seq": seq, "hash": rec.hash, "params": rec.params, "status": rec.status,
-                "reason": rec.reason, "metrics": metrics, "time_us": t if math.isfinite(t) else None,
-                "generation": rec.generation, "source": rec.source, "started_at": rec.started_at,
-                "finished_at": utcnow()})
+        try:
+            with self.engine.begin() as conn:
+                if conn.scalar(_Q_CANDIDATE_ID, {"run_id": run_id, "hash": rec.hash}) is not None:
+                    return
+                seq = conn.scalar(_Q_COUNT, {"run_id": run_id}) or 0
+                conn.execute(_INSERT_CANDIDATE, {
+                    "run_id": run_id, "seq": seq, "hash": rec.hash, "params": rec.params, "status": rec.status,
+                    "reason": rec.reason, "metrics": metrics, "time_us": t if math.isfinite(t) else None,
+                    "generation": rec.generation, "source": rec.source, "started_at": rec.started_at,
+                    "finished_at": utcnow()})
+        except IntegrityError:
+            # another writer recorded this hash between the check and the insert: the first one stands
+            if self.find_candidate(run_id, rec.hash) is None:
+                raise
 
     def find_candidate(self, run_id: int, hash_: str) -> CandidateRecord | None:
         with self._session() as s:

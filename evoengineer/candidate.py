@@ -168,3 +168,20 @@ class CandidateFactory:
 
     def from_genome(self, genome) -> Candidate:
         return self.make(self.space.genome_to_params(genome))
+
+
+def fixed_candidate(space: SearchSpace, template: str, label: str) -> Candidate:
+    """A kernel with no genes (e.g. a baseline) rendered from templates/`template` with the space's signature,
+    built with the space's flags like any candidate."""
+    path = TEMPLATES_DIR / template
+    env = _environment(str(path.parent))
+    try:
+        source = env.get_template(path.name).render(**space.signature)
+    except (jinja2.TemplateError, OSError) as exc:
+        raise UserError(f"{path}: template error: {exc}") from None
+    ident = {"fixed": label, "source_sha256": sha256_text(source), "backend": space.backend, "arch": space.arch,
+             "build_flags": list(space.build_flags), "cuda_flags": list(space.cuda_flags),
+             "ldflags": list(space.ldflags)}
+    return Candidate(space_name=space.name, params={}, hash=sha256_text(json.dumps(ident, sort_keys=True)),
+                     source=source, template=template, backend=space.backend, arch=space.arch,
+                     build_flags=space.build_flags, signature=dict(space.signature))

@@ -306,3 +306,15 @@ def test_schema_version_mismatch(tmp_path: Path):
     con.commit()
     con.close()
     assert "schema 99" in _one_line_error(f"sqlite:///{p}", create=False)
+
+
+def test_concurrent_duplicate_insert_keeps_the_first(store: Store, monkeypatch):
+    """A second writer racing on the same hash: the unique constraint trips, and the first record stands."""
+    import elite_store.store as st
+
+    rid = store.create_run(**RUN)
+    store.record_candidate(rid, rec(1, 5.0))
+    monkeypatch.setattr(st, "_Q_CANDIDATE_ID", st.select(st.CandidateRow.id).where(st.CandidateRow.id < 0))
+    store.record_candidate(rid, rec(1, 9.0))  # the existence check now misses it; the insert conflicts
+    assert store.count_candidates(rid) == 1
+    assert store.find_candidate(rid, rec(1).hash).metrics["time_us"] == 5.0

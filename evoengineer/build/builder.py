@@ -14,7 +14,7 @@ import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from evoengineer.build.toolchain import toolchain
 from evoengineer.candidate import Candidate
 from evoengineer.space.spec import SearchSpace
 
-CACHED_FAILURES = ("compile_error", "link_error")
+CACHED_FAILURES = ("compile_error", "link_error", "gate_failed")
 
 
 def default_cache_dir() -> Path:
@@ -42,6 +42,7 @@ class BuildResult:
     cached: bool = False
     log: str = ""
     retry: bool = False  # the builder process died (maybe for another candidate): worth one more try
+    metrics: dict[str, Any] = field(default_factory=dict)  # static-gate report: registers, smem, spills
 
 
 def _sha(obj: Any) -> str:
@@ -92,14 +93,14 @@ class Builder:
         if data.get("status") == "ok" and not Path(data.get("so", "")).exists():
             return None
         return BuildResult(status=data["status"], reason=data.get("reason", ""), so=data.get("so"),
-                           module=data.get("module"), build_s=0.0, cached=True)
+                           module=data.get("module"), build_s=0.0, cached=True, metrics=data.get("metrics", {}))
 
     def _save(self, candidate: Candidate, result: BuildResult) -> None:
         d = self.candidate_dir(candidate)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / "meta.json.tmp"
         tmp.write_text(json.dumps({"status": result.status, "reason": result.reason, "so": result.so,
-                                   "module": result.module, "build_s": result.build_s,
+                                   "module": result.module, "build_s": result.build_s, "metrics": result.metrics,
                                    "candidate": candidate.hash}))
         os.replace(tmp, d / "meta.json")
         if result.log:
@@ -127,7 +128,8 @@ class Builder:
             key = self._binding_key()
             name = f"evo_binding_{key}"
             job = {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source": str(self.binding_path),
-                   "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags}
+                   "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
+                   "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
             so = Path(job["dir"]) / f"{name}.so"
             if so.exists():
                 self._binding = {"status": "ok", "so": str(so), "build_s": 0.0}
@@ -138,6 +140,11 @@ class Builder:
                     self._restart_pool()
                     self._binding = {"status": "build_error", "reason": "builder process died building the binding"}
         return self._binding
+
+    def _gate_job(self) -> dict[str, Any] | None:
+        if self.space.backend != "cuda":
+            return None
+        return {"cuda_flags": list(self.space.cuda_flags), "arch": self.space.arch, "gates": dict(self.space.gates)}
 
     def submit(self, candidate: Candidate) -> "Future[BuildResult]":
         """Start building `candidate` (or answer from the cache at once)."""
@@ -155,7 +162,8 @@ class Builder:
         name = f"evo_{k[:24]}"
         job = {"name": name, "entry": self.entry, "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
                "source": candidate.source, "binding_so": binding["so"], "cflags": self.cflags,
-               "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags}
+               "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags, "arch": self.space.arch,
+               "gate": self._gate_job()}
         t0 = time.perf_counter()
         try:
             inner = self._executor().submit(compile_mod.safe, compile_mod.build_candidate, job)
@@ -174,7 +182,7 @@ class Builder:
                 r = {"status": "build_error", "reason": f"{type(exc).__name__}: {exc}"}
             result = BuildResult(status=r["status"], reason=r.get("reason", ""), so=r.get("so"),
                                  module=name if r["status"] == "ok" else None, build_s=float(r.get("build_s", 0.0)),
-                                 log=r.get("log", ""), retry=bool(r.get("retry")))
+                                 log=r.get("log", ""), retry=bool(r.get("retry")), metrics=r.get("metrics", {}))
             if result.status == "ok" or result.status in CACHED_FAILURES:
                 self._save(candidate, result)
             done.set_result(result)

@@ -37,9 +37,20 @@ def _first_error(text: str) -> str:
     return lines[-1].strip()[:300] if lines else "unknown build failure"
 
 
+def _set_arch(job: dict[str, Any]) -> None:
+    """cpp_extension picks CUDA targets from TORCH_CUDA_ARCH_LIST: pin it to the space's arch (sm_90 -> 9.0)."""
+    arch = job.get("arch")
+    if arch:
+        digits = arch.removeprefix("sm_")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{digits[:-1]}.{digits[-1]}" if digits[-1].isdigit() else \
+            f"{digits[:-2]}.{digits[-2:]}"
+
+
 def build_binding(job: dict[str, Any]) -> dict[str, Any]:
     """Compile the family binding into a shared library (once per family and toolchain)."""
     from torch.utils import cpp_extension
+
+    _set_arch(job)
 
     out_dir = Path(job["dir"])
     so = out_dir / f"{job['name']}.so"
@@ -50,7 +61,8 @@ def build_binding(job: dict[str, Any]) -> dict[str, Any]:
     try:
         cpp_extension.load(name=job["name"], sources=[job["source"]], extra_cflags=job["cflags"],
                            extra_cuda_cflags=job.get("cuda_cflags"), extra_ldflags=job.get("ldflags"),
-                           build_directory=str(out_dir), is_python_module=False, verbose=False)
+                           build_directory=str(out_dir), is_python_module=False, verbose=False,
+                           with_cuda=bool(job.get("with_cuda")))
     except Exception as exc:  # the binding itself is broken: every candidate of the family fails to build
         return {"status": "build_error", "reason": f"family binding failed to build: {_first_error(str(exc))}",
                 "log": _log_tail(str(exc))}
@@ -61,24 +73,38 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     """Compile and link one candidate; import it once to prove it loads. Returns status, reason, log, build_s."""
     from torch.utils import cpp_extension
 
+    from evoengineer.build.gate import check_gates, ptxas_gate
+
+    _set_arch(job)
     out_dir = Path(job["dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     name, entry = job["name"], job["entry"]
     kernel = out_dir / f"kernel{job['suffix']}"
     kernel.write_text(job["source"])
+    metrics: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    if job.get("gate") is not None:  # CUDA: ptxas report first, a second instead of a full build
+        g = job["gate"]
+        gate = ptxas_gate(kernel, cuda_flags=g["cuda_flags"], arch=g["arch"])
+        if gate["status"] != "ok":
+            return {**gate, "build_s": time.perf_counter() - t0}
+        metrics = gate["report"]
+        broken = check_gates(metrics, g["gates"])
+        if broken:
+            return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": gate.get("log", ""),
+                    "build_s": time.perf_counter() - t0}
     shim = out_dir / "shim.cpp"
     shim.write_text(SHIM.format(name=name, entry=entry))
     binding_dir = str(Path(job["binding_so"]).parent)
     ldflags = [*job.get("ldflags", []), f"-L{binding_dir}", f"-l:{Path(job['binding_so']).name}",
                f"-Wl,-rpath,{binding_dir}", "-Wl,--no-undefined"]
-    t0 = time.perf_counter()
     try:
         cpp_extension.load(name=name, sources=[str(kernel), str(shim)], extra_cflags=job["cflags"],
                            extra_cuda_cflags=job.get("cuda_cflags"), extra_ldflags=ldflags,
                            build_directory=str(out_dir), is_python_module=True, verbose=False)
     except ImportError as exc:
         return {"status": "link_error", "reason": f"does not load: {str(exc)[:300]}", "log": str(exc),
-                "build_s": time.perf_counter() - t0}
+                "build_s": time.perf_counter() - t0, "metrics": metrics}
     except Exception as exc:
         text = str(exc)
         if _COMPILE_ERROR.search(text):
@@ -88,12 +114,12 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
         else:
             status = "build_error"
         return {"status": status, "reason": _first_error(text), "log": _log_tail(text),
-                "build_s": time.perf_counter() - t0}
+                "build_s": time.perf_counter() - t0, "metrics": metrics}
     build_s = time.perf_counter() - t0
     so = out_dir / f"{name}.so"
     if not so.exists():
         return {"status": "build_error", "reason": f"{so.name} missing after build", "build_s": build_s}
-    return {"status": "ok", "so": str(so), "build_s": build_s}
+    return {"status": "ok", "so": str(so), "build_s": build_s, "metrics": metrics}
 
 
 def load_module(so_path: str, name: str):

@@ -141,6 +141,20 @@ class LocalEvaluator(Evaluator):
                                jobs=jobs)
         self.worker: WorkerProcess | None = None
         self.workers_started = 0
+        self._baseline_builds: list[dict[str, str]] | None = None
+
+    def _baselines(self) -> list[dict[str, str]]:
+        """Build the family's baseline kernels once (cached like candidates); the worker times them."""
+        if self._baseline_builds is None:
+            from evoengineer.candidate import fixed_candidate
+
+            self._baseline_builds = []
+            for name, template in self.task.baseline_kernels().items():
+                r = self.builder.submit(fixed_candidate(self.space, template, name)).result()
+                if r.status != "ok":
+                    raise WorkerFailure("build_error", f"baseline {name} ({template}) failed: {r.status}: {r.reason}")
+                self._baseline_builds.append({"name": name, "so": r.so, "module": r.module})
+        return self._baseline_builds
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "seed": self.seed, "build_jobs": self.builder.jobs, "cache_dir": str(self.cache_dir),
@@ -156,13 +170,13 @@ class LocalEvaluator(Evaluator):
                 self.worker.close()
             self.workers_started += 1
             init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
-                    "seed": self.seed * 1000 + self.workers_started}
+                    "seed": self.seed * 1000 + self.workers_started, "baselines": self._baselines()}
             self.worker = WorkerProcess(init, float(self.settings["init_timeout_s"]))
         return self.worker
 
     def measure(self, candidate: Candidate, build: BuildResult) -> Measurement:
         """Check and time a built candidate in the worker; a hang or crash costs only the worker."""
-        extra = {"build_s": build.build_s, "build_cached": build.cached}
+        extra = {**build.metrics, "build_s": build.build_s, "build_cached": build.cached}
         try:
             worker = self._worker()
             reply = worker.request({"cmd": "eval", "so": build.so, "module": build.module, "hash": candidate.hash},
@@ -199,7 +213,8 @@ class LocalEvaluator(Evaluator):
                     pending[self.builder.submit(c)] = c
                     continue
                 if build.status != "ok":
-                    yield c, Measurement(build.status, build.reason, {"build_s": build.build_s})
+                    yield c, Measurement(build.status, build.reason,
+                                         {**build.metrics, "build_s": build.build_s, "build_cached": build.cached})
                 else:
                     yield c, self.measure(c, build)
                 break  # re-enter as_completed with the current pending set

@@ -47,6 +47,13 @@ class Session:
         self.timed = {e.name: self.task.make_inputs(e.shape, self._seed(e.name, 10_000))
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
+        from evoengineer.build.compile import load_module
+
+        self.kernels = {b["name"]: load_module(b["so"], b["module"]) for b in init.get("baselines", [])}
+        for name, module in self.kernels.items():  # a baseline must be right before anything is compared to it
+            ok, reason, _, _ = self.check(module, f"baseline:{name}")
+            if not ok:
+                raise RuntimeError(f"baseline kernel {name} is wrong: {reason}")
 
     def _seed(self, name: str, k: int, salt: str = "") -> int:
         digest = hashlib.sha256(f"{self.seed}/{name}/{k}/{salt}".encode()).hexdigest()
@@ -68,6 +75,13 @@ class Session:
             self.baselines = {}
             for bname, fn in self.task.baselines().items():
                 per_shape = {name: self._time(lambda inp=inp: fn(inp)) for name, inp in self.timed.items()}
+                self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
+            for bname, module in self.kernels.items():
+                per_shape = {}
+                for name, inp in self.timed.items():
+                    out = self.task.new_output(inp)
+                    per_shape[name] = self._time(lambda inp=inp, out=out, module=module:
+                                                 self.task.launch(module, inp, out))
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
         return self.baselines
 
@@ -135,6 +149,7 @@ class Session:
             metrics["baseline_us"] = base[first]["p50"]
             metrics["speedup"] = base[first]["p50"] / p["p50"]
             metrics["baselines_us"] = {b: v["p50"] for b, v in base.items()}
+            metrics["speedup_vs"] = {b: v["p50"] / p["p50"] for b, v in base.items()}
             for name in per_shape:
                 shape = next(e.shape for e in self.task.entries if e.name == name)
                 fl, by = self.task.flops(shape), self.task.min_bytes(shape)

@@ -128,6 +128,13 @@ def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluato
     if not quiet:
         print(f"run {run.id} finished ({reason}): {runner.evaluations} evaluations; elites in {out}",
               file=sys.stderr)
+        builds = [r.metrics["build_s"] for r in runner.records.values()
+                  if isinstance(r.metrics.get("build_s"), (int, float)) and not r.metrics.get("build_cached")]
+        if builds:
+            print(f"builds: {len(builds)} compiled, {sum(builds):.1f} s in all, {sum(builds) / len(builds):.2f} s "
+                  f"per candidate (max {max(builds):.2f} s); "
+                  f"{sum(1 for r in runner.records.values() if r.metrics.get('build_cached'))} from the cache",
+                  file=sys.stderr)
         doc = elite_json.read(out)
         print(elite_json.format_table(doc["elites"]))
     return 0

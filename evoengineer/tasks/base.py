@@ -112,6 +112,11 @@ class Task(ABC):
         """Callables timed beside each candidate (same worker, same inputs)."""
         return {}
 
+    def baseline_kernels(self) -> dict[str, str]:
+        """Baseline kernels of the family (name -> template under templates/), built once and timed beside each
+        candidate with `launch`."""
+        return {}
+
     def flops(self, shape: Any) -> int:
         return 0
 

@@ -363,6 +363,9 @@ class MSDATask(Task):
     def baselines(self):
         return {"reference": lambda inputs: reference(inputs, dtype=torch.float32)}
 
+    def baseline_kernels(self):
+        return {"classic": "cuda/msda_classic.cu.j2"} if self.space.backend == "cuda" else {}
+
     def flops(self, shape):
         return flops(shape)
 

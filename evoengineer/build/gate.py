@@ -1,0 +1,82 @@
+"""Static gate: compile a CUDA candidate with ptxas verbose output and check registers, shared memory, spills.
+
+Runs in about a second per candidate with nvcc alone (no torch headers, no GPU), before the full build.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_FUNC = re.compile(r"Compiling entry function '([^']+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+GATE_METRICS = {"max_registers": "registers", "max_smem_bytes": "smem_bytes", "max_spill_bytes": "spill_bytes",
+                "max_stack_bytes": "stack_bytes"}
+
+
+def parse_ptxas(text: str) -> dict[str, Any]:
+    """Worst case over the entry functions in a `-Xptxas -v` report: registers, smem, stack, spill bytes."""
+    kernels: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            current = kernels.setdefault(m.group(1), {"registers": 0, "smem_bytes": 0, "stack_bytes": 0,
+                                                      "spill_bytes": 0})
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current["stack_bytes"] = int(m.group(1))
+            current["spill_bytes"] = int(m.group(2)) + int(m.group(3))
+        m = _USED.search(line)
+        if m:
+            current["registers"] = int(m.group(1))
+            s = _SMEM.search(line)
+            current["smem_bytes"] = int(s.group(1)) if s else 0
+    worst = {k: max((v[k] for v in kernels.values()), default=0)
+             for k in ("registers", "smem_bytes", "stack_bytes", "spill_bytes")}
+    return {**worst, "kernels": len(kernels)}
+
+
+def check_gates(report: dict[str, Any], gates: dict[str, float]) -> str | None:
+    """None if every gate holds, else the reason naming the first that does not."""
+    for gate, limit in gates.items():
+        key = GATE_METRICS[gate]
+        if report.get(key, 0) > limit:
+            return f"{key} {report[key]} > {gate} {limit:g}"
+    return None
+
+
+def nvcc_flags(cuda_flags: list[str], arch: str) -> list[str]:
+    """The space's nvcc flags, with -arch added unless the space names its own target."""
+    if any(f.startswith(("-arch", "--gpu-architecture", "-gencode", "--generate-code")) for f in cuda_flags):
+        return list(cuda_flags)
+    return [*cuda_flags, f"-arch={arch}"]
+
+
+def ptxas_gate(source: Path, *, cuda_flags: list[str], arch: str, include_dirs: list[str] = (),
+               timeout_s: float = 300) -> dict[str, Any]:
+    """Compile `source` to an object with ptxas -v. Returns status (ok | compile_error), reason and the report."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return {"status": "build_error", "reason": "nvcc not found on PATH"}
+    cmd = [nvcc, "-c", "-Xptxas", "-v", *nvcc_flags(cuda_flags, arch), *(f"-I{d}" for d in include_dirs),
+           str(source), "-o", str(source.with_suffix(".gate.o"))]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "compile_error", "reason": f"nvcc ran over {timeout_s:g} s"}
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()]
+        return {"status": "compile_error", "reason": (errors[0] if errors else text.strip()[-300:])[:300],
+                "log": text[-4000:]}
+    return {"status": "ok", "report": parse_ptxas(text), "log": text[-4000:]}
