@@ -225,8 +225,6 @@ def test_resume_after_interrupt_in_process(toy: Path, capsys, monkeypatch):
     assert got["evaluations"] == ref["evaluations"] == 30
 
 
-@pytest.mark.xfail(strict=True, reason="driver/replay store the space and landscape paths as given (relative to "
-                                       "the search's cwd); see the report for the patch")
 def test_resume_from_another_directory(toy: Path, capsys, monkeypatch, tmp_path_factory):
     from evoengineer.evaluators.replay import ReplayEvaluator
 
@@ -420,9 +418,6 @@ def test_space_search_table_gives_defaults(toy: Path, capsys):
     assert len(json.loads((toy / "elite.json").read_text())["elites"]) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="driver.start_search opens the store (creating the DB file and, for an "
-                                       "undefined name, a run) before the template is first rendered; see the "
-                                       "report for the patch")
 @pytest.mark.parametrize("template, words", [
     ("int x = {{ NOT_A_PARAM }};\n", ["bad.j2", "NOT_A_PARAM", "undefined"]),
     ("{% if NUM_WARPS %}never closed\n", ["bad.j2:1", "template error"]),

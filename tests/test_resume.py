@@ -62,7 +62,8 @@ def _elites(db: Path) -> list[str]:
 def _start_and_signal(toy: Path, db: Path, after: int, sig: int) -> subprocess.Popen:
     """Start a search and send `sig` once `after` evaluations are committed."""
     proc = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", "--space", "toy_space.toml",
-                             "--landscape", "landscape.csv", "--db", f"sqlite:///{db.name}", "--out", "elite.json",
+                             "--landscape", "landscape.csv", "--db", f"sqlite:///{db.name}", "--out",
+                             f"{db.stem}.json",
                              *SEARCH], cwd=toy, env=_env(0.02), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120
@@ -76,26 +77,35 @@ def _start_and_signal(toy: Path, db: Path, after: int, sig: int) -> subprocess.P
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> dict:
-    """One uninterrupted run of the same search."""
+def shared_toy(tmp_path_factory) -> Path:
+    """One folder for every run here (elite.json names the space and landscape files by absolute path);
+    each test uses its own database and elite file in it."""
     from conftest import DATA, write_toy_landscape
     from evoengineer.space import load_space
     import shutil
 
-    d = tmp_path_factory.mktemp("ref")
+    d = tmp_path_factory.mktemp("toy")
     for name in ("toy_space.toml", "toy.cpp.j2"):
         shutil.copy(DATA / name, d / name)
     write_toy_landscape(load_space(d / "toy_space.toml"), d / "landscape.csv")
-    r = _cli(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///s.db",
-              "--out", "elite.json", *SEARCH], d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference_run(shared_toy: Path) -> dict:
+    """One uninterrupted run of the same search."""
+    d = shared_toy
+    r = _cli(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///ref.db",
+              "--out", "ref.json", *SEARCH], d)
     assert r.returncode == 0, r.stderr
-    return {"evaluated": _evaluated(d / "s.db"), "elites": _elites(d / "s.db"),
-            "elite_json": (d / "elite.json").read_text()}
+    return {"evaluated": _evaluated(d / "ref.db"), "elites": _elites(d / "ref.db"),
+            "elite_json": (d / "ref.json").read_text()}
 
 
 @pytest.mark.parametrize("kill_points", [[3], [12], [13], [40], [20, 55], [89]])
-def test_sigkill_then_resume_equals_uninterrupted(toy_dir: Path, reference_run: dict, kill_points: list[int]):
-    db = toy_dir / "s.db"
+def test_sigkill_then_resume_equals_uninterrupted(shared_toy: Path, reference_run: dict, kill_points: list[int]):
+    toy_dir = shared_toy
+    db = toy_dir / f"kill_{'_'.join(map(str, kill_points))}.db"
     for i, point in enumerate(kill_points):
         if i == 0:
             proc = _start_and_signal(toy_dir, db, point, signal.SIGKILL)
@@ -113,21 +123,22 @@ def test_sigkill_then_resume_equals_uninterrupted(toy_dir: Path, reference_run: 
     assert r.returncode == 0, r.stderr
     assert _evaluated(db) == reference_run["evaluated"]
     assert _elites(db) == reference_run["elites"]
-    assert (toy_dir / "elite.json").read_text() == reference_run["elite_json"]
+    assert (toy_dir / f"{db.stem}.json").read_text() == reference_run["elite_json"]
     again = _cli(["resume", "--db", f"sqlite:///{db.name}"], toy_dir)
     assert again.returncode == 2 and "no unfinished run" in again.stderr
 
 
-def test_ctrl_c_stops_cleanly_and_prints_resume(toy_dir: Path, reference_run: dict):
-    db = toy_dir / "s.db"
+def test_ctrl_c_stops_cleanly_and_prints_resume(shared_toy: Path, reference_run: dict):
+    toy_dir = shared_toy
+    db = toy_dir / "ctrlc.db"
     proc = _start_and_signal(toy_dir, db, 30, signal.SIGINT)
     err = proc.stderr.read()
     assert proc.returncode == 130, err
-    assert "python -m evoengineer resume --db sqlite:///s.db --run 1" in err
+    assert "python -m evoengineer resume --db sqlite:///ctrlc.db --run 1" in err
     con = sqlite3.connect(db)
     assert con.execute("select status from runs where id = 1").fetchone()[0] == "interrupted"
     con.close()
-    r = _cli(["resume", "--db", "sqlite:///s.db", "--run", "1"], toy_dir)
+    r = _cli(["resume", "--db", "sqlite:///ctrlc.db", "--run", "1"], toy_dir)
     assert r.returncode == 0, r.stderr
     assert _evaluated(db) == reference_run["evaluated"]
-    assert (toy_dir / "elite.json").read_text() == reference_run["elite_json"]
+    assert (toy_dir / "ctrlc.json").read_text() == reference_run["elite_json"]

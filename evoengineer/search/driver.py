@@ -9,7 +9,7 @@ from typing import Any
 
 from elite_store import DEFAULT_URL, RunInfo, Store, StoreError
 from evoengineer import elite_json
-from evoengineer.candidate import template_sha256
+from evoengineer.candidate import CandidateFactory, template_sha256
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
@@ -56,9 +56,13 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
                  landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
                  build_jobs: int | None = None, cache_dir: str | None = None, **settings: Any) -> int:
     """Validate everything, create the run, search. Returns the process exit code."""
+    space_path = Path(space_path).resolve()  # resume may run from another directory
     space = load_space(space_path)
     s = settings_from(space, strategy, **settings)
+    CandidateFactory(space).from_genome(space.valid_genomes()[0])  # template errors surface before anything is written
     elite_json.check_writable(out, space.name, force=force)
+    if landscape is not None:
+        landscape = str(Path(landscape).resolve())
     evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,
                                      cache_dir=cache_dir)
     store = open_store(db, create=True)

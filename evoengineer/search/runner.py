@@ -14,6 +14,7 @@ from typing import Any, Iterable, Protocol, Sequence
 from elite_store import CandidateRecord, RunInfo, Store
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, candidate_hash
+from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.space.spec import SearchSpace
 
@@ -99,18 +100,28 @@ class Runner:
             new.append(g)
             queued.add(h)
         if new:
-            candidates = [self.factory.from_genome(g) for g in new]
+            candidates = []
+            for g in new:
+                try:
+                    candidates.append(self.factory.from_genome(g))
+                except UserError as exc:  # the template fails for this genome only: a failed candidate, not a crash
+                    self._record(CandidateRecord(hash=self.hash_of(g), params=self.space.genome_to_params(g),
+                                                 status="compile_error", reason=f"render: {exc}",
+                                                 generation=generation))
             for cand, m in self.evaluator.evaluate_many(candidates):
-                rec = CandidateRecord(hash=cand.hash, params=cand.params, status=m.status, reason=m.reason,
-                                      metrics=dict(m.metrics), generation=generation, source=cand.source)
-                self.store.record_candidate(self.run.id, rec)
-                rec.source = ""  # kept in the store only
-                self.records[cand.hash] = rec
-                for o in self.observers:
-                    o.on_evaluation(self, rec)
+                self._record(CandidateRecord(hash=cand.hash, params=cand.params, status=m.status, reason=m.reason,
+                                             metrics=dict(m.metrics), generation=generation, source=cand.source))
         if self.settings.budget is not None and self.evaluations >= self.settings.budget:
             self.exhausted = True
         return [self.records.get(self.hash_of(g)) for g in genomes]
+
+    def _record(self, rec: CandidateRecord) -> None:
+        """Commit one result now, keep it (without its source) for lookups, tell the observers."""
+        self.store.record_candidate(self.run.id, rec)
+        rec.source = ""  # kept in the store only
+        self.records[rec.hash] = rec
+        for o in self.observers:
+            o.on_evaluation(self, rec)
 
     def status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
