@@ -32,7 +32,7 @@ class Landscape:
             raise UserError(f"{self.path}: cannot read landscape: {exc.strerror or exc}") from None
         self.sha256 = hashlib.sha256(raw).hexdigest()
         self.rows: dict[Key, Measurement] = {}
-        self._parse(raw.decode("utf-8", errors="replace"))
+        self._parse(raw.decode("utf-8-sig", errors="replace"))
 
     def _parse(self, text: str) -> None:
         reader = csv.reader(text.splitlines())
