@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
 
     sub.add_parser("spaces", help="list the shipped spaces with their number of valid configurations")
+
+    ls = sub.add_parser("landscape", help="export a run's measurements as a landscape CSV (replay format)")
+    ls.add_argument("--db", default=DEFAULT_URL)
+    ls.add_argument("--run", type=_positive_int, help="run id (default: newest run)")
+    ls.add_argument("--out", required=True, help="CSV file to write")
     return ap
 
 
@@ -160,8 +165,31 @@ def cmd_spaces(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_landscape(a: argparse.Namespace) -> int:
+    from evoengineer.evaluators.replay import write_landscape
+    from evoengineer.search.driver import open_store
+    from evoengineer.space.spec import SearchSpace
+    from elite_store import StoreError
+
+    store = open_store(a.db, create=False)
+    try:
+        run = store.get_run(a.run) if a.run is not None else store.latest_run()
+    except StoreError as exc:
+        raise UserError(f"--run {a.run}: {exc}") from None
+    if run is None:
+        raise UserError(f"--db {a.db}: the store holds no runs")
+    space = SearchSpace.from_text(run.space_text, run.space_path)
+    out = Path(a.out)
+    if out.parent and not out.parent.exists():
+        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    n = write_landscape(space, store.candidates(run.id), out)
+    print(f"wrote {n} rows of run {run.id} ({space.name}, {space.count_valid()} valid configurations) to {out}",
+          file=sys.stderr)
+    return 0
+
+
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
-            "spaces": cmd_spaces}
+            "spaces": cmd_spaces, "landscape": cmd_landscape}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,3 +134,35 @@ class ReplayEvaluator(Evaluator):
         if self.delay_s > 0:
             time.sleep(self.delay_s)
         return self.landscape.lookup(candidate.params)
+
+
+EXPORT_METRICS = ("time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",
+                  "registers", "smem_bytes", "spill_bytes", "stack_bytes", "build_s")
+
+
+def write_landscape(space: SearchSpace, records: list[Any], path: str | Path) -> int:
+    """Write evaluated candidates (CandidateRecords of `space`) as a landscape CSV the replay evaluator reads.
+    Returns the number of rows. Written to a temp file and renamed, so a failure leaves no half file."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow([*space.names, "status", "time_us", *EXPORT_METRICS, "reason"])
+            for r in records:
+                m = r.metrics
+                cells = [canonical_text(r.params[n]) for n in space.names]
+                t = m.get("time_us") if r.status == OK else None
+                extra = ["" if m.get(k) is None else m.get(k) for k in EXPORT_METRICS]
+                w.writerow([*cells, r.status, "" if t is None else t, *extra, " ".join(r.reason.split())[:300]])
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return len(records)

@@ -123,6 +123,11 @@ class Runner:
         for o in self.observers:
             o.on_evaluation(self, rec)
 
+    def best(self, k: int) -> list[str]:
+        """Hashes of the k fastest correct candidates evaluated so far (ties broken by hash)."""
+        ok = sorted((r for r in self.records.values() if r.status == "ok"), key=lambda r: (r.time_us, r.hash))
+        return [r.hash for r in ok[:k]]
+
     def status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for r in self.records.values():

@@ -1,0 +1,37 @@
+"""Grid search: every valid configuration once, in the space's order, in batches (one batch per 'generation').
+
+Used to record full landscapes (`python -m evoengineer landscape` exports them for the replay evaluator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evoengineer.search.runner import Runner
+
+
+class GridSearch:
+    name = "grid"
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+
+    def run(self, state: dict[str, Any] | None = None) -> str:
+        r, s = self.runner, self.runner.settings
+        valid = r.space.valid_genomes()
+        batch = max(1, s.population)
+        start = int(state["next"]) if state else 0
+        gen = int(state["generation"]) + 1 if state else 0
+        reason = "space exhausted"
+        for i in range(start, len(valid), batch):
+            r.evaluate(valid[i:i + batch], gen)
+            nxt = i + batch
+            if not r.exhausted:
+                r.store.save_checkpoint(r.run.id, gen, {"strategy": self.name, "generation": gen, "next": nxt})
+            r.publish(r.best(s.elite), gen, stats={"gen": gen})
+            if r.exhausted:
+                reason = "budget"
+                break
+            gen += 1
+        r.publish(r.best(s.elite), gen, finished=True, stats={"gen": gen, "stop": reason})
+        return reason
