@@ -81,7 +81,8 @@ def test_shape_constants_and_from_dict():
     assert msda.ENCODER.S == msda.ENCODER.Lq == 22223 and msda.ENCODER.L == 4
     assert msda.DECODER.N == 8 and msda.DECODER.Lq == 900
     enc = msda.MSDAShape.from_dict(
-        {"name": "enc", "N": 1, "Lq": "S", "M": 8, "D": 32, "P": 4, "levels": [[100, 167], [50, 84], [25, 42], [13, 21]]}
+        {"name": "enc", "N": 1, "Lq": "S", "M": 8, "D": 32, "P": 4, "levels": [[100, 167], [50, 84], [25, 42], [13, 21]],
+         "ref": "pixels"}
     )
     assert enc == dataclasses.replace(msda.ENCODER, name="enc")
     good = {"name": "x", "N": 1, "Lq": 3, "M": 1, "D": 4, "P": 1, "levels": [[1, 1]]}
@@ -154,3 +155,24 @@ def test_cpu_template_matches_reference(tmp_path):
             assert not torch.isnan(out).any(), f"unwritten output for {ctx} on {shape.name}"
             err = (out.double() - msda.reference(inputs, dtype=torch.float64)).abs().max().item()
             assert err < 1e-4, f"max abs error {err} for {ctx} on {shape.name}"
+
+
+def test_pixel_reference_points_follow_the_query_position():
+    """ref = "pixels": query q samples around the centre of its own pixel (encoder); other shapes refuse it."""
+    levels = ((6, 10), (3, 5), (2, 3), (1, 1))
+    S = sum(h * w for h, w in levels)
+    shape = msda.MSDAShape("enc_px", N=2, Lq=S, M=8, D=8, P=8, levels=levels, ref="pixels")
+    loc = msda.make_inputs(shape, seed=3)["sampling_locations"]  # [N, Lq, M, L, P, 2]
+    # query 13 is pixel (y=1, x=3) of level 0: the median of its 128 samples on level 0 lies within 1.5 pixels of
+    # (3.5/10, 1.5/6) (offsets have a 2-pixel std-dev; a uniform reference point would miss by 0.3 on average)
+    med = loc[:, 13, :, 0].reshape(-1, 2).median(dim=0).values
+    assert abs(float(med[0]) - 3.5 / 10) < 1.5 / 10 and abs(float(med[1]) - 1.5 / 6) < 1.5 / 6
+    # the last query is the 1x1 level's only pixel: centre (0.5, 0.5)
+    med = loc[:, S - 1, :, 0].reshape(-1, 2).median(dim=0).values
+    assert abs(float(med[0]) - 0.5) < 0.1 and abs(float(med[1]) - 0.5) < 0.2
+    with pytest.raises(ValueError, match="needs Lq == S"):
+        msda.MSDAShape("bad", N=1, Lq=S + 1, M=3, D=8, P=4, levels=levels, ref="pixels")
+    with pytest.raises(ValueError, match="'ref' must be one of"):
+        msda.MSDAShape.from_dict({"name": "x", "N": 1, "Lq": "S", "M": 1, "D": 8, "P": 4, "levels": [[1, 1]],
+                                  "ref": "grid"})
+    assert msda.ENCODER.ref == "pixels" and msda.DECODER.ref == "random"

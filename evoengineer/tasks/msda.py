@@ -54,11 +54,15 @@ __all__ = [
 INPUT_KEYS = ("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights")
 
 _SHAPE_KEYS = ("name", "N", "Lq", "M", "D", "P", "levels")
+_OPTIONAL_KEYS = ("ref",)
+#: Where a query's reference point lies: "random" (uniform in [0, 1]^2; decoder object queries) or "pixels" (the
+#: centre of the query's own position in the stacked pyramid, as in the Deformable-DETR encoder; needs Lq == S).
+REF_MODES = ("random", "pixels")
 
 
 @dataclass(frozen=True)
 class MSDAShape:
-    """Problem size of one MSDA forward call. ``levels`` holds ``(H, W)`` per level."""
+    """Problem size of one MSDA forward call. ``levels`` holds ``(H, W)`` per level; ``ref`` is one of REF_MODES."""
 
     name: str
     N: int
@@ -67,6 +71,13 @@ class MSDAShape:
     D: int
     P: int
     levels: tuple[tuple[int, int], ...]
+    ref: str = "random"
+
+    def __post_init__(self):
+        if self.ref not in REF_MODES:
+            raise ValueError(f"MSDA shape {self.name!r}: 'ref' must be one of {list(REF_MODES)}, got {self.ref!r}")
+        if self.ref == "pixels" and self.Lq != self.S:
+            raise ValueError(f"MSDA shape {self.name!r}: ref = \"pixels\" needs Lq == S (every position a query)")
 
     @property
     def L(self) -> int:
@@ -91,9 +102,10 @@ class MSDAShape:
         missing = [k for k in _SHAPE_KEYS if k not in d]
         if missing:
             raise ValueError(f"MSDA shape is missing key(s) {missing}; required keys are {list(_SHAPE_KEYS)}")
-        unknown = sorted(set(d) - set(_SHAPE_KEYS))
+        unknown = sorted(set(d) - set(_SHAPE_KEYS) - set(_OPTIONAL_KEYS))
         if unknown:
-            raise ValueError(f"MSDA shape has unknown key(s) {unknown}; allowed keys are {list(_SHAPE_KEYS)}")
+            raise ValueError(f"MSDA shape has unknown key(s) {unknown}; allowed keys are "
+                             f"{list(_SHAPE_KEYS + _OPTIONAL_KEYS)}")
 
         name = d["name"]
         if not isinstance(name, str) or not name:
@@ -118,7 +130,7 @@ class MSDAShape:
             lq_val = sum(h * w for h, w in levels_t)
         else:
             lq_val = _positive_int(lq, f"{name!r}: 'Lq'")
-        return cls(name=name, Lq=lq_val, levels=levels_t, **ints)
+        return cls(name=name, Lq=lq_val, levels=levels_t, ref=d.get("ref", "random"), **ints)
 
 
 def _positive_int(v: Any, what: str) -> int:
@@ -130,7 +142,8 @@ def _positive_int(v: Any, what: str) -> int:
 _DETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
 
 #: Deformable-DETR encoder at 800x1333 input: every value position is a query (Lq = S = 22223).
-ENCODER = MSDAShape("encoder", N=1, Lq=sum(h * w for h, w in _DETR_LEVELS), M=8, D=32, P=4, levels=_DETR_LEVELS)
+ENCODER = MSDAShape("encoder", N=1, Lq=sum(h * w for h, w in _DETR_LEVELS), M=8, D=32, P=4, levels=_DETR_LEVELS,
+                    ref="pixels")
 #: Deformable-DETR decoder (900 object queries, batch 8) on the same feature pyramid.
 DECODER = MSDAShape("decoder", N=8, Lq=900, M=8, D=32, P=4, levels=_DETR_LEVELS)
 
@@ -161,7 +174,8 @@ def make_inputs(
 ) -> dict[str, torch.Tensor]:
     """Random but realistic MSDA inputs for ``shape``, fully determined by ``seed``.
 
-    Each query gets a reference point in ``[0, 1]^2``; its sampling points are that point plus
+    Each query gets a reference point in ``[0, 1]^2`` (uniform for ``ref = "random"``; the centre of its own pixel
+    for ``ref = "pixels"``, the encoder's case); its sampling points are that point plus
     Gaussian offsets of a few pixels (scaled per level). About ``10%`` of the points are then moved
     onto a map edge (partly outside: some corners missing) or well outside the map, so that
     zero-padding paths are exercised. ``value`` is standard normal in ``dtype``; the attention
@@ -178,6 +192,12 @@ def make_inputs(
     # size[l] = (W_l, H_l), matching the (x, y) order of the locations.
     size = torch.tensor([[w, h] for h, w in shape.levels], dtype=f32).view(1, 1, 1, L, 1, 2)
     ref = torch.rand(N, Lq, 1, 1, 1, 2, generator=g, dtype=f32)
+    if shape.ref == "pixels":
+        centres = []
+        for h, w in shape.levels:
+            ys, xs = torch.meshgrid(torch.arange(h, dtype=f32), torch.arange(w, dtype=f32), indexing="ij")
+            centres.append(torch.stack([(xs.reshape(-1) + 0.5) / w, (ys.reshape(-1) + 0.5) / h], dim=-1))
+        ref = torch.cat(centres).view(1, Lq, 1, 1, 1, 2).expand(N, Lq, 1, 1, 1, 2)
     offsets_px = torch.randn(N, Lq, M, L, P, 2, generator=g, dtype=f32) * _OFFSET_STD_PX
     loc = ref + offsets_px / size
 

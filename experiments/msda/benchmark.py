@@ -28,7 +28,7 @@ from evoengineer.space import load_space  # noqa: E402
 from evoengineer.tasks.base import get_task  # noqa: E402
 from evoengineer.tasks.msda import DECODER, ENCODER, MSDAShape  # noqa: E402
 
-SHAPES = [ENCODER, MSDAShape("encoder_n2", N=2, Lq=ENCODER.Lq, M=8, D=32, P=4, levels=ENCODER.levels), DECODER]
+SHAPES = [ENCODER, MSDAShape("encoder_n2", N=2, Lq=ENCODER.Lq, M=8, D=32, P=4, levels=ENCODER.levels, ref="pixels"), DECODER]
 
 
 def copy_bandwidth() -> float:

@@ -1,0 +1,6 @@
+# Source on the GPU host (offline): installs the carried wheels (.whl) and exports PYTHONPATH. See ../../README.md.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || return 1
+export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1
+export EVOENGINEER_CACHE=${EVOENGINEER_CACHE:-/tmp/evo-cache}
