@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -67,8 +68,10 @@ def toy_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> Path:
-    """One build cache for the whole test session: the family binding is compiled once."""
-    return tmp_path_factory.mktemp("evocache")
+    """One build cache for the whole test session: the family binding is compiled once ($EVOENGINEER_CACHE if set,
+    so CI and the GPU host reuse it across sessions)."""
+    given = os.environ.get("EVOENGINEER_CACHE")
+    return Path(given) if given else tmp_path_factory.mktemp("evocache")
 
 
 @pytest.fixture

@@ -28,7 +28,12 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
 
     space = load_space(space_file)
     valid = space.valid_genomes()
-    picks = {valid[0], valid[-1], *random.Random(1).sample(valid, min(10, len(valid)))}
+    rnd = random.Random(1)
+    picks = {valid[0], valid[-1], *rnd.sample(valid, min(10, len(valid)))}
+    # every code path: registers / shared / specialized metadata, staged values, the small-level cache
+    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META"):
+        with_gene = [g for g in valid if space.genome_to_params(g)[gene]]
+        picks.update(rnd.sample(with_gene, min(3, len(with_gene))))
     factory = CandidateFactory(space)
     cands = [factory.from_genome(g) for g in sorted(picks)]
     with LocalEvaluator(space, cache_dir=build_cache) as ev:
@@ -56,3 +61,29 @@ def test_gpu_faults_are_isolated(tmp_path: Path, build_cache: Path, monkeypatch)
     assert got["unwritten"][0] == "wrong" and "NaN" in got["unwritten"][1]
     doc = json.loads((d / "elite.json").read_text())
     assert [e["params"]["FAULT"] for e in doc["elites"]] == ["none"]
+
+
+def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: Path):
+    """A warp-specialized MSDA kernel whose producers wait for a barrier nobody releases hangs; the search records
+    `timeout`, replaces the worker, and the next candidate is measured normally."""
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    text = (SPACES_DIR / "cuda_msda_fp16.toml").read_text()
+    text = text.replace('VALUE_DTYPE = "float16"', 'VALUE_DTYPE = "float16"\nDEADLOCK_FOR_TESTS = true')
+    text = text.replace("timeout_s = 60", "timeout_s = 10")
+    assert "DEADLOCK_FOR_TESTS" in text and "timeout_s = 10" in text
+    (tmp_path / "deadlock.toml").write_text(text)
+    space = load_space(tmp_path / "deadlock.toml")
+    params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
+              "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
+              "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False}
+    assert not space.violated(params)
+    factory = CandidateFactory(space)
+    hang = factory.make(params)
+    # no producer warps (all warps produce shared metadata): the specialized path with the planted wait never runs
+    fine = factory.make({**params, "NUM_PRODUCER_WARPS": 0, "SHARED_META": True})
+    assert "wait for a slot release no consumer ever gives" in hang.source
+    with LocalEvaluator(space, cache_dir=build_cache) as ev:
+        results = dict((c.params["NUM_PRODUCER_WARPS"], m) for c, m in ev.evaluate_many([hang, fine]))
+    assert results[2].status == "timeout", (results[2].status, results[2].reason)
+    assert results[0].status == "ok", (results[0].status, results[0].reason)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +115,25 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
     return _execute(store, run, space, evaluator, s, out, state=state, quiet=quiet)
 
 
+@contextlib.contextmanager
+def _stop_on_sigint(runner: Runner) -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as usual and also flags the runner, so the search stops after the next
+    stored evaluation even when Python swallows the exception (a signal landing in a __del__ or weakref callback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        runner.stop_requested = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
              state: dict[str, Any] | None, quiet: bool) -> int:
     observers = [] if quiet else [ProgressPrinter()]
@@ -118,7 +141,7 @@ def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluato
                     observers=observers)
     strategy = STRATEGIES[s.strategy](runner)
     try:
-        with evaluator:
+        with evaluator, _stop_on_sigint(runner):
             reason = strategy.run(state)
     except KeyboardInterrupt:
         store.set_run_status(run.id, "interrupted", "interrupted by user")

@@ -55,6 +55,7 @@ class Runner:
         self.generation = 0
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
+        self.stop_requested = False  # set by the driver's SIGINT handler
 
     # ---- identity -------------------------------------------------------------------------------------------------
     def hash_of(self, genome: Sequence[int]) -> str:
@@ -122,6 +123,8 @@ class Runner:
         self.records[rec.hash] = rec
         for o in self.observers:
             o.on_evaluation(self, rec)
+        if self.stop_requested:  # a Ctrl-C whose KeyboardInterrupt was swallowed (e.g. inside a GC callback)
+            raise KeyboardInterrupt
 
     def best(self, k: int) -> list[str]:
         """Hashes of the k fastest correct candidates evaluated so far (ties broken by hash)."""
