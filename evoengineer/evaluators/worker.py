@@ -51,7 +51,7 @@ class Session:
 
         self.kernels = {b["name"]: load_module(b["so"], b["module"]) for b in init.get("baselines", [])}
         for name, module in self.kernels.items():  # a baseline must be right before anything is compared to it
-            ok, reason, _, _ = self.check(module, f"baseline:{name}")
+            ok, reason, *_ = self.check(module, f"baseline:{name}")
             if not ok:
                 raise RuntimeError(f"baseline kernel {name} is wrong: {reason}")
 
@@ -85,8 +85,9 @@ class Session:
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
         return self.baselines
 
-    def check(self, module: Any, candidate_hash: str) -> tuple[bool, str, float, float]:
-        """Run every check set; False with the worst error and shape on the first failure."""
+    def check(self, module: Any, candidate_hash: str) -> tuple[bool, str, float, float, dict[str, float]]:
+        """Run every check set (the tolerance check, then the task's extra check); False with the worst error and
+        shape on the first failure. The last item holds the extra checks' metrics, worst over the sets."""
         torch = self.torch
         atol, rtol = self.task.tolerance()
         sets = list(self.sets)
@@ -97,6 +98,7 @@ class Session:
                     inputs = self.task.make_inputs(e.shape, s)
                     sets.append({"entry": e, "seed": s, "inputs": inputs, "ref": self.task.reference(inputs)})
         worst_abs = worst_rel = 0.0
+        extra: dict[str, float] = {}
         for cs in sets:
             out = self.task.new_output(cs["inputs"])
             self.task.launch(module, cs["inputs"], out)
@@ -108,7 +110,7 @@ class Session:
             if bad_values.any():
                 n = int(bad_values.sum())
                 return False, f"{n} of {got.numel()} outputs NaN/Inf (unwritten or invalid) on {where}", math.inf, \
-                    math.inf
+                    math.inf, extra
             err = (got - ref).abs()
             max_abs = float(err.max()) if err.numel() else 0.0
             rel = err / ref.abs().clamp_min(atol)
@@ -119,8 +121,13 @@ class Session:
                 idx = int(torch.argmax(err.flatten()))
                 return False, (f"max abs err {max_abs:.3e} (rel {max_rel:.3e}) > tol (atol {atol:g}, rtol {rtol:g}) "
                                f"on {where}, {int(over.sum())} elements off, worst at flat index {idx}"), \
-                    max_abs, max_rel
-        return True, "", worst_abs, worst_rel
+                    max_abs, max_rel, extra
+            ok, reason, more = self.task.extra_check(cs["entry"].shape, cs["inputs"], out, ref)
+            for k, v in more.items():
+                extra[k] = max(extra.get(k, v), v)
+            if not ok:
+                return False, f"{reason} on {where}", worst_abs, worst_rel, extra
+        return True, "", worst_abs, worst_rel, extra
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         from evoengineer.build.compile import load_module
@@ -129,8 +136,8 @@ class Session:
             module = load_module(msg["so"], msg["module"])
         except ImportError as exc:
             return {"status": "link_error", "reason": f"does not load: {exc}"[:400], "metrics": {}}
-        ok, reason, max_abs, max_rel = self.check(module, msg["hash"])
-        metrics: dict[str, Any] = {"max_abs_err": max_abs, "max_rel_err": max_rel}
+        ok, reason, max_abs, max_rel, extra = self.check(module, msg["hash"])
+        metrics: dict[str, Any] = {"max_abs_err": max_abs, "max_rel_err": max_rel, **extra}
         if not ok:
             return {"status": "wrong", "reason": reason, "metrics": metrics}
         per_shape = {}

@@ -108,6 +108,13 @@ class Task(ABC):
     def tolerance(self) -> tuple[float, float]:
         return TOLERANCES[self.output_dtype()]
 
+    def extra_check(self, shape: Any, inputs: Inputs, out: torch.Tensor, ref: torch.Tensor
+                    ) -> tuple[bool, str, dict[str, float]]:
+        """A further check of an output that passed the tolerance check on one input set (e.g. against a
+        lower-precision baseline): (ok, reason, metrics). Metrics are larger-is-worse; the worker records the worst
+        over the input sets."""
+        return True, "", {}
+
     def baselines(self) -> dict[str, Callable[[Inputs], Any]]:
         """Callables timed beside each candidate (same worker, same inputs)."""
         return {}
@@ -127,8 +134,9 @@ class Task(ABC):
 def get_task(space: SearchSpace) -> Task:
     """The task named by the space."""
     from evoengineer.tasks.msda import MSDATask
+    from evoengineer.tasks.sdpa import SDPATask
 
-    tasks = {"msda": MSDATask}
+    tasks = {"msda": MSDATask, "sdpa": SDPATask}
     if space.task not in tasks:
         raise UserError(f"{space.path or space.name}: task {space.task!r} is unknown (known: {', '.join(tasks)})")
     return tasks[space.task](space)

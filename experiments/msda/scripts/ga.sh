@@ -2,7 +2,7 @@
 #   bash experiments/msda/scripts/ga.sh [FP16_BUDGET] [FP32_BUDGET]
 # Writes elite_fp16.json, elite_fp32.json, ga_*.log, ga_evals_*.csv (every evaluation in order, replay format),
 # bench.json and bench.log under $OUT.
-source experiments/msda/scripts/device_env.sh || exit 1
+source experiments/scripts/device_env.sh || exit 1
 budget16=${1:-200}
 budget32=${2:-120}
 for dt in fp16 fp32; do

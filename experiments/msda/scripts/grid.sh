@@ -3,7 +3,7 @@
 # Between device calls the store travels gzipped in .device_state/ (carried there, fetched back from $OUT/state/),
 # with the kernel sources of all but the 20 fastest candidates blanked to keep it small (resume needs only the
 # measurements; elite.json takes the elites' sources). The landscape CSV (replay format) is exported after every slice.
-source experiments/msda/scripts/device_env.sh || exit 1
+source experiments/scripts/device_env.sh || exit 1
 space=${1:-cuda_msda_fp16}
 limit=${2:-530}
 db=/tmp/grid_$space.db

@@ -1,4 +1,5 @@
-# Source on the GPU host (offline): installs the carried wheels (.whl) and exports PYTHONPATH. See ../../README.md.
+# Source on the GPU host (offline), from the repository root: installs the carried wheels (.whl) and exports
+# PYTHONPATH. Shared by the experiments/*/scripts.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || return 1
 export PYTHONPATH=/tmp/site:$PWD

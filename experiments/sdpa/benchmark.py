@@ -1,0 +1,263 @@
+"""SDPA benchmark on a GPU host: the GA elite against every torch SDPA backend, in one process.
+
+    python experiments/sdpa/benchmark.py --elite elite.json [--elite-fp8 elite_fp8.json] [--repeats 50] [--json F]
+    python experiments/sdpa/benchmark.py --elite elite.json --revalidate [--runs 500] [--json F]
+
+Default mode, per shape (B, H, S, D = 64; fp16 non-causal and causal, plus FP8 KV at the mission shape when
+--elite-fp8 is given): the elite's output is first compared with torch SDPA (max abs err; FP8 KV: fp16 SDPA on the
+unquantized K/V), then kernel-only times: a CUDA graph of --graph-calls back-to-back calls is replayed --repeats
+times under CUDA events, per-call time = median replay / calls (L2 warm: the same inputs every call). Each torch
+backend (cuDNN, flash = FA2, memory-efficient) is timed the same way under `sdpa_kernel`; one that refuses the inputs
+is skipped with the reason. Also: which backend the default dispatch picks, and a per-call wall time of the elite and
+of default SDPA from Python (includes launch overhead).
+
+--revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
+events, L2 flushed before every call: evoengineer.evaluators.timing.time_callable), p50/p90/p99 next to the
+time_us recorded by the search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer.build.builder import Builder  # noqa: E402
+from evoengineer.build.compile import load_module  # noqa: E402
+from evoengineer.candidate import CandidateFactory  # noqa: E402
+from evoengineer.evaluators.timing import time_callable  # noqa: E402
+from evoengineer.space import load_space  # noqa: E402
+from evoengineer.tasks.base import get_task  # noqa: E402
+from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original  # noqa: E402
+
+#: (B, H, S, D): the mission shape, its ragged twin, then two larger ones.
+SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 4096, 64)]
+FP8_SHAPES = [(2, 8, 512, 64)]
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def load_doc(path: str) -> tuple[dict, object]:
+    """An elite.json and its space (the shipped one of that name, else the recorded space_file)."""
+    doc = json.loads(Path(path).read_text())
+    shipped = SPACES_DIR / f"{doc['space']}.toml"
+    space = load_space(shipped if shipped.exists() else doc["space_file"])
+    return doc, space
+
+
+def build(space, params_list: list[dict], cache: Path) -> tuple[object, list]:
+    task = get_task(space)
+    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=cache)
+    factory = CandidateFactory(space)
+    try:
+        results = [f.result() for f in [b.submit(factory.make(p)) for p in params_list]]
+    finally:
+        b.close()
+    for p, r in zip(params_list, results):
+        if r.status != "ok":
+            raise SystemExit(f"elite {p} failed to build: {r.status}: {r.reason}")
+    return task, [load_module(r.so, r.module) for r in results]
+
+
+def graph_us(fn, calls: int, repeats: int) -> float:
+    """Per-call microseconds: a CUDA graph of `calls` back-to-back calls of fn, median over `repeats` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (lazy initialisations, workspaces)
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    per_call = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / calls
+    del g
+    return per_call
+
+
+def first_line(x) -> str:
+    text = str(x).strip()
+    return text.splitlines()[0][:160] if text else type(x).__name__
+
+
+def wall_us(fn, n: int = 200) -> float:
+    """Per-call wall time of n back-to-back calls from Python (includes launch overhead), after one warm call."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def default_choice(q, k, v, causal: bool) -> str:
+    """The backend the default SDPA dispatch picks for these inputs (torch._fused_sdp_choice), or 'unknown'."""
+    try:
+        choice = SDPBackend(int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal)))
+        names = {SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.FLASH_ATTENTION: "flash",
+                 SDPBackend.EFFICIENT_ATTENTION: "efficient"}
+        return names.get(choice, choice.name.lower())
+    except Exception:  # private API: absent or changed
+        return "unknown"
+
+
+def bench_shape(task, module, dims: tuple, causal: bool, kind: str, a) -> dict:
+    B, H, S, D = dims
+    shape = SDPAShape(f"b{B}h{H}s{S}", B=B, H=H, Sq=S, Sk=S, causal=causal)
+    inputs = task.make_inputs(shape, seed=1234)
+    q, causal_t = inputs["q"], inputs["causal"]
+    k, v = inputs.get("k_orig", inputs["k"]), inputs.get("v_orig", inputs["v"])  # what SDPA runs on
+    out = task.new_output(inputs)
+    task.launch(module, inputs, out)
+    torch.cuda.synchronize()
+    want = sdpa_fp16_original(inputs)
+    row = {"shape": [B, H, S, D], "causal": causal, "kind": kind, "tflop": task.flops(shape) / 1e12,
+           "max_abs_err": float((out.double() - want.double()).abs().max()),
+           "default_backend": default_choice(q, k, v, bool(causal_t)), "backends_us": {}, "refused": {}}
+    try:
+        row["elite_us"] = graph_us(lambda: task.launch(module, inputs, out), a.graph_calls, a.repeats)
+        row["elite_timing"] = "graph"
+    except RuntimeError as exc:  # not capturable: CUDA events around single calls instead (says so in the table)
+        row["elite_timing"] = f"events, graph capture failed: {first_line(exc)}"
+        row["elite_us"] = time_callable(lambda: task.launch(module, inputs, out), device="cuda", warmup=20,
+                                        repeats=a.repeats * a.graph_calls, flush_l2=False)["p50"]
+    for name, backend in BACKENDS.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    torch.cuda.synchronize()
+                    row["backends_us"][name] = graph_us(
+                        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), a.graph_calls, a.repeats)
+            except RuntimeError as exc:  # the backend refuses these inputs; its warnings say why
+                why = [first_line(w.message) for w in caught if "because" in str(w.message) or "not" in str(w.message)]
+                row["refused"][name] = "; ".join([first_line(exc), *why[:2]])
+    row["elite_py_us"] = wall_us(lambda: task.launch(module, inputs, out))
+    row["sdpa_py_us"] = wall_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    if row["backends_us"]:
+        best = min(row["backends_us"], key=row["backends_us"].get)
+        row.update(best_backend=best, best_us=row["backends_us"][best],
+                   speedup_vs_best=row["backends_us"][best] / row["elite_us"],
+                   best_tflops=row["tflop"] / (row["backends_us"][best] * 1e-6))
+    if "flash" in row["backends_us"]:
+        row["speedup_vs_fa2"] = row["backends_us"]["flash"] / row["elite_us"]
+    row["elite_tflops"] = row["tflop"] / (row["elite_us"] * 1e-6)
+    del inputs, out, want
+    torch.cuda.empty_cache()
+    return row
+
+
+def print_rows(rows: list[dict]) -> None:
+    def us(x):
+        return f"{x:9.1f}" if x is not None else f"{'-':>9}"
+
+    def num(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    head = (f"{'kind':<6}{'B,H,S,D':<16}{'causal':<8}{'elite us':>9}" + "".join(f"{n + ' us':>13}" for n in BACKENDS)
+            + f"{'x best':>8}{'x FA2':>7}{'elite TF':>10}{'best TF':>9}{'max err':>9}  default  "
+            "per-call (Python, includes launch overhead): elite / sdpa us")
+    print(head)
+    for r in rows:
+        b = r["backends_us"]
+        print(f"{r['kind']:<6}{','.join(map(str, r['shape'])):<16}{str(r['causal']):<8}{us(r['elite_us'])}"
+              + "".join(f"{us(b.get(n)):>13}" for n in BACKENDS)
+              + f"{num(r.get('speedup_vs_best'), '.2f'):>8}{num(r.get('speedup_vs_fa2'), '.2f'):>7}"
+                f"{r['elite_tflops']:>10.1f}{num(r.get('best_tflops'), '.1f'):>9}{r['max_abs_err']:>9.1e}  "
+                f"{r['default_backend']:<9}{r['elite_py_us']:.1f} / {r['sdpa_py_us']:.1f}")
+        if r["elite_timing"] != "graph":
+            print(f"      elite timed by {r['elite_timing']}")
+        for n, why in r["refused"].items():
+            print(f"      {n} refused: {why}")
+
+
+def revalidate(doc: dict, space, a) -> list[dict]:
+    """Re-time the K elites on the space's timed shapes: a.runs calls each, L2 flushed, p50/p90/p99."""
+    elites = doc["elites"]
+    task, modules = build(space, [e["params"] for e in elites], Path(a.cache_dir))
+    timed = [e for e in task.entries if e.time]
+    print(f"revalidate {doc['space']}: K={len(elites)} elites, {a.runs} timed calls each per shape "
+          f"({', '.join(e.name for e in timed)}), CUDA events, L2 flushed before every call")
+    print(f"{'rank':<6}{'recorded us':>12}{'p50 us':>9}{'p90 us':>9}{'p99 us':>9}{'p50/rec':>9}{'max err':>10}  params")
+    rows = []
+    for e, module in zip(elites, modules):
+        p = {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+        err = 0.0
+        for entry in timed:
+            inputs = task.make_inputs(entry.shape, seed=4321)
+            out = task.new_output(inputs)
+            task.launch(module, inputs, out)
+            torch.cuda.synchronize()
+            err = max(err, float((out.double() - task.reference(inputs)).abs().max()))
+            t = time_callable(lambda: task.launch(module, inputs, out), device="cuda", warmup=20, repeats=a.runs,
+                              flush_l2=True)
+            for q in p:
+                p[q] += t[q]
+        rec = e["metrics"]["time_us"]
+        rows.append({"rank": e["rank"], "params": e["params"], "recorded_time_us": rec, "p50_us": p["p50"],
+                     "p90_us": p["p90"], "p99_us": p["p99"], "max_abs_err": err, "runs": a.runs})
+        print(f"{e['rank']:<6}{rec:>12.2f}{p['p50']:>9.2f}{p['p90']:>9.2f}{p['p99']:>9.2f}{p['p50'] / rec:>9.3f}"
+              f"{err:>10.1e}  {json.dumps(e['params'], separators=(',', ':'))}")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--elite", required=True, help="elite.json of sdpa_fp16_d64 (or another D = 64 fp16 space)")
+    ap.add_argument("--elite-fp8", help="elite.json of sdpa_fp8kv_d64: adds FP8-KV rows")
+    ap.add_argument("--repeats", type=int, default=50, help="graph replays per measurement (default 50)")
+    ap.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph (default 20)")
+    ap.add_argument("--revalidate", action="store_true", help="re-time the K elites of --elite instead")
+    ap.add_argument("--runs", type=int, default=500, help="--revalidate: timed calls per elite (default 500)")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
+    ap.add_argument("--json", help="also write the rows here")
+    a = ap.parse_args()
+    doc, space = load_doc(a.elite)
+    print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN "
+          f"{torch.backends.cudnn.version()} | elite {doc['space']} rank 1 {json.dumps(doc['elites'][0]['params'])}")
+    if a.revalidate:
+        rows = revalidate(doc, space, a)
+    else:
+        print(f"kernel-only: CUDA graph of {a.graph_calls} back-to-back calls, median of {a.repeats} replays / "
+              f"{a.graph_calls}, L2 warm (same inputs every call)")
+        task, (module,) = build(space, [doc["elites"][0]["params"]], Path(a.cache_dir))
+        rows = [bench_shape(task, module, dims, causal, "fp16", a) for dims in SHAPES for causal in (False, True)]
+        if a.elite_fp8:
+            doc8, space8 = load_doc(a.elite_fp8)
+            print(f"fp8 elite {doc8['space']} rank 1 {json.dumps(doc8['elites'][0]['params'])}; FP8 rows: backends "
+                  "run fp16 on the unquantized K/V, max err against that")
+            task8, (module8,) = build(space8, [doc8["elites"][0]["params"]], Path(a.cache_dir))
+            rows += [bench_shape(task8, module8, dims, False, "fp8kv", a) for dims in FP8_SHAPES]
+        print_rows(rows)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
