@@ -73,8 +73,10 @@ class Builder:
 
     # ---- keys and cache -------------------------------------------------------------------------------------------
     def _binding_key(self) -> str:
-        return _sha({"source": self.binding_path.read_text(), "toolchain": self.toolchain, "cflags": self.cflags,
-                     "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
+        # the binding and the headers beside it (shared by the family bindings)
+        headers = {h.name: h.read_text() for h in sorted(self.binding_path.parent.glob("*.h"))}
+        return _sha({"source": self.binding_path.read_text(), "headers": headers, "toolchain": self.toolchain,
+                     "cflags": self.cflags, "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
 
     def key(self, candidate: Candidate) -> str:
         return _sha({"candidate": candidate.hash, "toolchain": self.toolchain, "binding": self._binding_key(),

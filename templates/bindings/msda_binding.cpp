@@ -2,6 +2,8 @@
 // Each candidate's shared library links against it and, from its PyInit_<name>, hands over its kernel entry point;
 // this file turns that pointer into a Python module with `forward(...)`.
 #include <torch/extension.h>
+
+#include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -61,22 +63,13 @@ int forward(MsdaForwardFn fn, const torch::Tensor& value, const torch::Tensor& s
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry) {
-  // The module definition and its name must outlive the module: they are leaked on purpose (one per candidate).
-  auto* def = new pybind11::module_::module_def();
-  std::memset(def, 0, sizeof(*def));
-  const char* owned_name = strdup(name);
   auto fn = reinterpret_cast<MsdaForwardFn>(entry);
-  try {
-    auto m = pybind11::module_::create_extension_module(owned_name, "EvoEngineer MSDA candidate", def);
+  return evo_make_candidate_module(name, "EvoEngineer MSDA candidate", [fn](pybind11::module_& m) {
     m.def("forward",
           [fn](const torch::Tensor& value, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
                const torch::Tensor& loc, const torch::Tensor& attn, torch::Tensor out) {
             return forward(fn, value, spatial_shapes, level_start_index, loc, attn, out);
           },
           "Run the candidate kernel; returns its status code (0 = ok).");
-    return m.release().ptr();
-  } catch (pybind11::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  }
+  });
 }

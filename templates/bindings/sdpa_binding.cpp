@@ -2,6 +2,8 @@
 // torch headers). Each candidate's shared library links against it and, from its PyInit_<name>, hands over its
 // kernel entry point; this file turns that pointer into a Python module with `forward(...)`.
 #include <torch/extension.h>
+
+#include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -75,13 +77,8 @@ int forward(SdpaForwardFn fn, const torch::Tensor& q, const torch::Tensor& k, co
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry) {
-  // The module definition and its name must outlive the module: they are leaked on purpose (one per candidate).
-  auto* def = new pybind11::module_::module_def();
-  std::memset(def, 0, sizeof(*def));
-  const char* owned_name = strdup(name);
   auto fn = reinterpret_cast<SdpaForwardFn>(entry);
-  try {
-    auto m = pybind11::module_::create_extension_module(owned_name, "EvoEngineer SDPA candidate", def);
+  return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", [fn](pybind11::module_& m) {
     m.def("forward",
           [fn](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
                const torch::Tensor& v_scale, torch::Tensor out, bool causal, double softmax_scale) {
@@ -91,9 +88,5 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
           "(0 = ok).",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_scale"),
           pybind11::arg("v_scale"), pybind11::arg("out"), pybind11::arg("causal"), pybind11::arg("softmax_scale"));
-    return m.release().ptr();
-  } catch (pybind11::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  }
+  });
 }

@@ -44,3 +44,5 @@ timeout -k 20 100 python3 experiments/sdpa/benchmark.py --elite "$OUT/elite_sdpa
   --cache-dir "$EVOENGINEER_CACHE" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 timeout -k 20 50 python3 experiments/sdpa/benchmark.py --elite "$OUT/elite_sdpa_fp16_d64.json" --revalidate \
   --runs 500 --cache-dir "$EVOENGINEER_CACHE" --json "$OUT/revalidate.json" 2>&1 | tee "$OUT/revalidate.log"
+# the device tool brings back only a few files per call: everything also travels in one archive
+tar czf /tmp/stage5.tgz -C "$OUT" . && mv /tmp/stage5.tgz "$OUT/"
