@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--landscape", help="replay measurements from a recorded landscape CSV instead of running")
     s.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
     s.add_argument("--out", default="elite.json", help="elite.json path (default elite.json)")
-    s.add_argument("--strategy", default="ga", help="search strategy (default ga)")
+    s.add_argument("--strategy", default="ga", help="ga (default), random, grid or optuna")
+    s.add_argument("--sampler", help="with --strategy optuna: tpe (default), cmaes, gp, nsga2, random or qmc")
     s.add_argument("--seed", type=_positive_int)
     s.add_argument("--population", type=_positive_int)
     s.add_argument("--generations", type=_positive_int, help="generations after the initial one")
@@ -92,6 +93,7 @@ def cmd_search(a: argparse.Namespace) -> int:
 
     space = resolve_space_arg(a.space) if a.space else default_space()
     return start_search(space_path=space, db=a.db, out=a.out, landscape=a.landscape, strategy=a.strategy,
+                        sampler=a.sampler,
                         force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
                         seed=a.seed, population=a.population,
                         generations=a.generations, elite=a.elite, budget=a.budget)

@@ -80,3 +80,32 @@ def faults_dir(tmp_path: Path) -> Path:
     d = tmp_path / "faults"
     shutil.copytree(DATA / "faults", d)
     return d
+
+
+
+from evoengineer.evaluators import Evaluator, Measurement  # noqa: E402  (after the sys.path set-up above)
+
+
+class CheckingEvaluator(Evaluator):
+    """Wraps an evaluator: counts calls, and asserts each candidate is a valid, never-seen configuration."""
+
+    kind = "checking"
+
+    def __init__(self, inner: Evaluator, space):
+        self.inner, self.space = inner, space
+        self.calls: list[str] = []
+        self.keys: set[tuple] = set()
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+    def evaluate(self, candidate) -> Measurement:
+        genome = self.space.params_to_genome(candidate.params)  # raises unless every value is allowed
+        assert self.space.is_valid_genome(genome), candidate.params
+        assert not self.space.violated(candidate.params)
+        key = tuple(genome)
+        assert key not in self.keys, f"evaluated twice: {candidate.params}"
+        assert candidate.hash not in self.calls
+        self.keys.add(key)
+        self.calls.append(candidate.hash)
+        return self.inner.evaluate(candidate)

@@ -8,43 +8,16 @@ import csv
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import toy_measure, write_toy_landscape
+from conftest import CheckingEvaluator, toy_measure, write_toy_landscape
 from elite_store import Store
 from evoengineer import elite_json
-from evoengineer.candidate import Candidate
-from evoengineer.evaluators import Evaluator, Measurement, ReplayEvaluator
+from evoengineer.evaluators import ReplayEvaluator
 from evoengineer.search import GeneticSearch, Runner, SearchSettings
 from evoengineer.search.ga import GAParams, make_toolbox, mutate_genes, repair
-from evoengineer.space import SearchSpace, load_space
-
-
-class CheckingEvaluator(Evaluator):
-    """Wraps an evaluator: counts calls, and asserts each candidate is a valid, never-seen configuration."""
-
-    kind = "checking"
-
-    def __init__(self, inner: Evaluator, space: SearchSpace):
-        self.inner, self.space = inner, space
-        self.calls: list[str] = []
-        self.keys: set[tuple] = set()
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-    def evaluate(self, candidate: Candidate) -> Measurement:
-        genome = self.space.params_to_genome(candidate.params)  # raises unless every value is allowed
-        assert self.space.is_valid_genome(genome), candidate.params
-        assert not self.space.violated(candidate.params)
-        key = tuple(genome)
-        assert key not in self.keys, f"evaluated twice: {candidate.params}"
-        assert candidate.hash not in self.calls
-        self.keys.add(key)
-        self.calls.append(candidate.hash)
-        return self.inner.evaluate(candidate)
+from evoengineer.space import load_space
 
 
 @dataclass

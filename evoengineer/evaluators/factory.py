@@ -24,6 +24,12 @@ def replay_delay() -> float:
     return value
 
 
+def replay_log() -> str | None:
+    """EVOENGINEER_REPLAY_LOG: a file the replay evaluator appends `hash status` to for every measurement it makes
+    (an audit of what was measured, across interruptions and resumes)."""
+    return os.environ.get("EVOENGINEER_REPLAY_LOG") or None
+
+
 def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> Evaluator:
     from evoengineer.evaluators.local import LocalEvaluator
 
@@ -40,7 +46,7 @@ def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, se
                          build_jobs: int | None = None, cache_dir: str | None = None) -> Evaluator:
     """A replay evaluator when a landscape is given, else real builds and runs for the space's backend."""
     if landscape is not None:
-        return ReplayEvaluator(landscape, space, delay_s=replay_delay())
+        return ReplayEvaluator(landscape, space, delay_s=replay_delay(), log_path=replay_log())
     return _local(space, seed, build_jobs, cache_dir)
 
 
@@ -51,7 +57,7 @@ def evaluator_for_resume(space: SearchSpace, described: dict[str, Any]) -> Evalu
         path = described["landscape"]
         if not Path(path).exists():
             raise UserError(f"{path}: the run's landscape file is gone")
-        ev = ReplayEvaluator(path, space, delay_s=replay_delay())
+        ev = ReplayEvaluator(path, space, delay_s=replay_delay(), log_path=replay_log())
         if ev.landscape.sha256 != described.get("landscape_sha256"):
             raise UserError(f"{path}: landscape changed since the run started; resuming would mix measurements")
         return ev

@@ -121,9 +121,11 @@ class ReplayEvaluator(Evaluator):
 
     kind = "replay"
 
-    def __init__(self, landscape: str | Path, space: SearchSpace, *, check: bool = True, delay_s: float = 0.0):
+    def __init__(self, landscape: str | Path, space: SearchSpace, *, check: bool = True, delay_s: float = 0.0,
+                 log_path: str | Path | None = None):
         self.landscape = Landscape(landscape, space)
         self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
+        self.log_path = Path(log_path) if log_path else None  # audit trail: one line per measurement asked for
         if check:
             self.landscape.check_covers()
 
@@ -133,7 +135,11 @@ class ReplayEvaluator(Evaluator):
     def evaluate(self, candidate: Candidate) -> Measurement:
         if self.delay_s > 0:
             time.sleep(self.delay_s)
-        return self.landscape.lookup(candidate.params)
+        m = self.landscape.lookup(candidate.params)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as f:
+                f.write(f"{candidate.hash} {m.status}\n")
+        return m
 
 
 EXPORT_METRICS = ("time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",

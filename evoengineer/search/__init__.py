@@ -2,8 +2,11 @@
 
 from evoengineer.search.ga import GeneticSearch
 from evoengineer.search.grid import GridSearch
+from evoengineer.search.optuna_search import SAMPLERS, OptunaSearch
+from evoengineer.search.random_search import RandomSearch
 from evoengineer.search.runner import Runner, SearchSettings
 
-STRATEGIES = {"ga": GeneticSearch, "grid": GridSearch}
+STRATEGIES = {"ga": GeneticSearch, "random": RandomSearch, "grid": GridSearch, "optuna": OptunaSearch}
 
-__all__ = ["STRATEGIES", "GeneticSearch", "GridSearch", "Runner", "SearchSettings"]
+__all__ = ["SAMPLERS", "STRATEGIES", "GeneticSearch", "GridSearch", "OptunaSearch", "RandomSearch", "Runner",
+           "SearchSettings"]

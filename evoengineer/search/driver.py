@@ -18,7 +18,8 @@ from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
 from evoengineer.fingerprint import machine_fingerprint
-from evoengineer.search import STRATEGIES
+from evoengineer.search import SAMPLERS, STRATEGIES
+from evoengineer.search.optuna_search import make_sampler
 from evoengineer.search.progress import ProgressPrinter
 from evoengineer.search.runner import Runner, SearchSettings
 from evoengineer.space.spec import SearchSpace, load_space
@@ -33,9 +34,9 @@ def open_store(url: str, *, create: bool) -> Store:
         raise UserError(str(exc)) from None
 
 
-def settings_from(space: SearchSpace, strategy: str, **given: Any) -> SearchSettings:
+def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None, **given: Any) -> SearchSettings:
     """CLI values win over the space's [search] table, which wins over the defaults."""
-    values = {}
+    values: dict[str, Any] = {}
     for key, default in DEFAULTS.items():
         v = given.get(key)
         values[key] = v if v is not None else space.search.get(key, default)
@@ -49,7 +50,13 @@ def settings_from(space: SearchSpace, strategy: str, **given: Any) -> SearchSett
         raise UserError("--budget must be at least 1")
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: unknown (known: {', '.join(STRATEGIES)})")
-    return SearchSettings(strategy=strategy, **values)
+    if sampler is not None and strategy != "optuna":
+        raise UserError(f"--sampler {sampler}: only with --strategy optuna")
+    if strategy == "optuna":
+        sampler = sampler or "tpe"
+        if sampler not in SAMPLERS:
+            raise UserError(f"--sampler {sampler!r}: unknown (known: {', '.join(SAMPLERS)})")
+    return SearchSettings(strategy=strategy, sampler=sampler, **values)
 
 
 def resume_command(url: str, run_id: int) -> str:
@@ -63,6 +70,8 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
     space_path = Path(space_path).resolve()  # resume may run from another directory
     space = load_space(space_path)
     s = settings_from(space, strategy, **settings)
+    if s.strategy == "optuna":
+        make_sampler(s.sampler, seed=s.seed, population=s.population)  # a missing optional package fails here
     CandidateFactory(space).from_genome(space.valid_genomes()[0])  # template errors surface before anything is written
     elite_json.check_writable(out, space.name, force=force)
     if landscape is not None:
@@ -77,8 +86,9 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
                               seed=s.seed, fingerprint=fingerprint)
     run = store.get_run(run_id)
     if not quiet:
+        what = s.strategy + (f" ({s.sampler} sampler)" if s.sampler else "")
         print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
-              f"strategy {s.strategy}, evaluator {evaluator.kind}, store {db}", file=sys.stderr)
+              f"strategy {what}, evaluator {evaluator.kind}, store {db}", file=sys.stderr)
     return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet)
 
 
@@ -101,7 +111,10 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
         raise UserError(f"{space.template_path}: template changed since run {run.id} started; "
                         "resuming would mix kernels (start a new search)")
     cfg = run.config
-    s = SearchSettings(**{k: cfg[k] for k in ("strategy", "population", "generations", "elite", "budget", "seed")})
+    s = SearchSettings(**{k: cfg[k] for k in ("strategy", "population", "generations", "elite", "budget", "seed")},
+                       sampler=cfg.get("sampler"))
+    if s.strategy not in STRATEGIES:
+        raise UserError(f"--run {run.id}: strategy {s.strategy!r} is not available in this installation")
     out = Path(cfg["out"])
     elite_json.check_writable(out, space.name)
     evaluator = evaluator_for_resume(space, cfg["evaluator"])

@@ -229,7 +229,7 @@ class GeneticSearch:
             gen, pop = self._restore(state)
         while True:
             if r.exhausted:
-                reason = "budget"
+                reason = r.why_stopped()
                 break
             if gen >= s.generations:
                 reason = "generations"

@@ -30,7 +30,7 @@ class GridSearch:
                 r.store.save_checkpoint(r.run.id, gen, {"strategy": self.name, "generation": gen, "next": nxt})
             r.publish(r.best(s.elite), gen, stats={"gen": gen})
             if r.exhausted:
-                reason = "budget"
+                reason = r.why_stopped()
                 break
             gen += 1
         r.publish(r.best(s.elite), gen, finished=True, stats={"gen": gen, "stop": reason})

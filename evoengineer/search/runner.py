@@ -32,9 +32,16 @@ class SearchSettings:
     elite: int = 3
     budget: int | None = None
     seed: int = 0
+    sampler: str | None = None  # --strategy optuna only
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def max_evaluations(self) -> int:
+        """Evaluation cap of the batch strategies (random, optuna): the budget, else population x (generations+1),
+        the most a GA run of the same settings could evaluate."""
+        return self.budget if self.budget is not None else self.population * (self.generations + 1)
 
 
 class Runner:
@@ -51,7 +58,8 @@ class Runner:
         self.observers = list(observers)
         self.factory = CandidateFactory(space)
         self.records: dict[str, CandidateRecord] = {r.hash: r for r in store.candidates(run.id)}
-        self.exhausted = False
+        self.exhausted = False  # no more evaluations: budget spent, or a stop was requested
+        self.stop_reason = ""
         self.generation = 0
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
@@ -70,6 +78,14 @@ class Runner:
         """Evaluated in an earlier generation of this run (a stable fact, whatever happened since)."""
         r = self.records.get(self.hash_of(genome))
         return r is not None and r.generation < generation
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the strategy to stop at its next check (an observer's early stop, e.g. a target time reached)."""
+        self.exhausted = True
+        self.stop_reason = self.stop_reason or reason
+
+    def why_stopped(self) -> str:
+        return self.stop_reason or "budget"
 
     @property
     def evaluations(self) -> int:

@@ -1,0 +1,52 @@
+"""Random search: valid configurations drawn uniformly without replacement, `population` per batch.
+
+The draw order is a seeded permutation of the valid configurations, so a checkpoint only needs the position reached;
+resuming continues the same permutation (the evaluated set equals an uninterrupted run's).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from evoengineer.search.runner import Runner
+
+
+class RandomSearch:
+    name = "random"
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+
+    def order(self) -> list[tuple[int, ...]]:
+        """Every valid configuration, in this run's (seeded) random order."""
+        valid = list(self.runner.space.valid_genomes())
+        random.Random(f"random-search:{self.runner.settings.seed}").shuffle(valid)
+        return valid
+
+    def run(self, state: dict[str, Any] | None = None) -> str:
+        r, s = self.runner, self.runner.settings
+        order = self.order()
+        cap = s.max_evaluations
+        batch = max(1, s.population)
+        pos = int(state["next"]) if state else 0
+        gen = int(state["generation"]) + 1 if state else 0
+        reason = "space exhausted"
+        while pos < len(order):
+            if r.exhausted:
+                reason = r.why_stopped()
+                break
+            if r.evaluations >= cap:
+                reason = "budget" if s.budget is not None else "generations"
+                break
+            take = order[pos:pos + min(batch, cap - r.evaluations)]
+            r.evaluate(take, gen)
+            pos += len(take)
+            if not r.exhausted:
+                r.store.save_checkpoint(r.run.id, gen, {"strategy": self.name, "generation": gen, "next": pos})
+            r.publish(r.best(s.elite), gen, stats={"gen": gen})
+            gen += 1
+        if pos >= len(order) and r.exhausted:
+            reason = r.why_stopped()
+        r.publish(r.best(s.elite), max(0, gen - 1), finished=True, stats={"gen": max(0, gen - 1), "stop": reason})
+        return reason
