@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--db", default=DEFAULT_URL)
     ls.add_argument("--run", type=_positive_int, help="run id (default: newest run)")
     ls.add_argument("--out", required=True, help="CSV file to write")
+
+    rp = sub.add_parser("report", help="best-so-far PNG, elite tables, failures by status and an HTML page")
+    rp.add_argument("--db", default=DEFAULT_URL)
+    rp.add_argument("--run", type=_positive_int, nargs="+", action="extend", metavar="ID",
+                    help="runs to report (default: every run in the store)")
+    rp.add_argument("--out", default="report", help="output folder (default report/)")
     return ap
 
 
@@ -190,8 +196,38 @@ def cmd_landscape(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(a: argparse.Namespace) -> int:
+    from evoengineer.report import run_label, write_report
+    from evoengineer.search.driver import open_store
+    from elite_store import StoreError
+
+    store = open_store(a.db, create=False)
+    if a.run:
+        runs = []
+        for rid in dict.fromkeys(a.run):
+            try:
+                runs.append(store.get_run(rid))
+            except StoreError as exc:
+                raise UserError(f"--run {rid}: {exc}") from None
+    else:
+        runs = store.runs()
+    if not runs:
+        raise UserError(f"--db {a.db}: the store holds no runs")
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    if not out.parent.exists():
+        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    index = write_report(store, runs, out)
+    for r in runs:
+        n = store.count_candidates(r.id)
+        print(f"{run_label(r)} | {r.space_name} | {r.status} {r.stop_reason} | {n} evaluations")
+    print(f"report: {index}", file=sys.stderr)
+    return 0
+
+
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
-            "spaces": cmd_spaces, "landscape": cmd_landscape}
+            "spaces": cmd_spaces, "landscape": cmd_landscape, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

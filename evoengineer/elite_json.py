@@ -115,16 +115,22 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
                         "choose another --out (or --force)")
 
 
-def format_table(elites: list[dict[str, Any]]) -> str:
-    """A plain-text table: rank, p50/p90, speedup, errors, hash, params."""
-    if not elites:
-        return "(no elites)"
+def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Header and one row per elite: rank, p50/p90, speedup, errors, hash, params (text cells)."""
     rows = [("rank", "p50 us", "p90 us", "speedup", "max err", "hash", "params")]
     for e in elites:
         m = e.get("metrics", {})
         rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
                      _num(m.get("max_abs_err"), ".1e"), str(e.get("hash", ""))[:12],
                      " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
+    return rows
+
+
+def format_table(elites: list[dict[str, Any]]) -> str:
+    """A plain-text table of `elite_rows`."""
+    if not elites:
+        return "(no elites)"
+    rows = elite_rows(elites)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)

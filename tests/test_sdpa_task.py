@@ -282,7 +282,7 @@ def test_space_loads_and_every_valid_genome_fits(space_file: Path):
         assert mission.checks >= 5 and mission.fresh and mission.shape.fp16_max_abs_err == 0.06
     settings = task.settings
     assert (settings["timeout_s"], settings["warmup"], settings["repeats"]) == (60, 20, 100)
-    assert space.search["population"] == 24 and space.search["budget"] == 120
+    assert space.search["population"] == 12 and space.search["budget"] == 120  # the tuned GA default
 
 
 def test_main_space_counts():

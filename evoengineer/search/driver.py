@@ -24,7 +24,7 @@ from evoengineer.search.progress import ProgressPrinter
 from evoengineer.search.runner import Runner, SearchSettings
 from evoengineer.space.spec import SearchSpace, load_space
 
-DEFAULTS = {"population": 16, "generations": 10, "elite": 3, "budget": None, "seed": 0}
+DEFAULTS = {"population": 12, "generations": 10, "elite": 3, "budget": None, "seed": 0}
 
 
 def open_store(url: str, *, create: bool) -> Store:

@@ -28,12 +28,13 @@ Individual = Any
 
 @dataclass
 class GAParams:
-    """Operator rates. cxpb/mutpb per child; indpb per gene."""
+    """Operator rates. cxpb/mutpb per child; indpb per gene. Defaults tuned on the CPU and CUDA MSDA landscapes
+    (experiments/strategies/results/ga_tuning.md): light per-gene mutation and binary tournaments."""
 
     cxpb: float = 0.6
     mutpb: float = 0.8
-    indpb: float = 0.3
-    tournsize: int = 3
+    indpb: float = 0.1
+    tournsize: int = 2
     novelty_tries: int = 20
 
 

@@ -212,16 +212,11 @@ class OptunaSearch:
         if state:
             self.counts.update({k: int(state.get(k, 0)) for k in self.counts})
         gen = int(state["generation"]) + 1 if state else 0
-        cap = s.max_evaluations
-        reason = "space exhausted"
         while True:
-            if r.exhausted:
-                reason = r.why_stopped()
+            reason = r.cap_reached()
+            if reason:
                 break
-            if r.evaluations >= cap:
-                reason = "budget" if s.budget is not None else "generations"
-                break
-            want = min(self.batch_size(), cap - r.evaluations)
+            want = min(self.batch_size(), s.max_evaluations - r.evaluations)
             trials: list[tuple[Any, tuple[int, ...]]] = []
             echoes: list[tuple[Any, str]] = []
             for _ in range(want):
@@ -241,6 +236,6 @@ class OptunaSearch:
                 self._checkpoint(gen)
             r.publish(r.best(s.elite), gen, stats={"gen": gen, **self.counts})
             gen += 1
-        r.publish(r.best(s.elite), max(0, gen - 1), finished=True, stats={"gen": max(0, gen - 1), "stop": reason})
+        r.publish_final(gen - 1, reason)
         return reason
 

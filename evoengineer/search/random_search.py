@@ -27,19 +27,16 @@ class RandomSearch:
     def run(self, state: dict[str, Any] | None = None) -> str:
         r, s = self.runner, self.runner.settings
         order = self.order()
-        cap = s.max_evaluations
         batch = max(1, s.population)
         pos = int(state["next"]) if state else 0
         gen = int(state["generation"]) + 1 if state else 0
         reason = "space exhausted"
         while pos < len(order):
-            if r.exhausted:
-                reason = r.why_stopped()
+            stop = r.cap_reached()
+            if stop:
+                reason = stop
                 break
-            if r.evaluations >= cap:
-                reason = "budget" if s.budget is not None else "generations"
-                break
-            take = order[pos:pos + min(batch, cap - r.evaluations)]
+            take = order[pos:pos + min(batch, s.max_evaluations - r.evaluations)]
             r.evaluate(take, gen)
             pos += len(take)
             if not r.exhausted:
@@ -48,5 +45,5 @@ class RandomSearch:
             gen += 1
         if pos >= len(order) and r.exhausted:
             reason = r.why_stopped()
-        r.publish(r.best(s.elite), max(0, gen - 1), finished=True, stats={"gen": max(0, gen - 1), "stop": reason})
+        r.publish_final(gen - 1, reason)
         return reason

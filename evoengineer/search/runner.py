@@ -87,6 +87,14 @@ class Runner:
     def why_stopped(self) -> str:
         return self.stop_reason or "budget"
 
+    def cap_reached(self) -> str | None:
+        """For the batch strategies (random, optuna): why no further batch may start, or None."""
+        if self.exhausted:
+            return self.why_stopped()
+        if self.evaluations >= self.settings.max_evaluations:
+            return "budget" if self.settings.budget is not None else "generations"
+        return None
+
     @property
     def evaluations(self) -> int:
         return len(self.records)
@@ -152,6 +160,11 @@ class Runner:
         for r in self.records.values():
             counts[r.status] = counts.get(r.status, 0) + 1
         return counts
+
+    def publish_final(self, last_generation: int, reason: str) -> None:
+        """The finished run's elites (the last generation that ran, and why the run stopped)."""
+        g = max(0, last_generation)
+        self.publish(self.best(self.settings.elite), g, finished=True, stats={"gen": g, "stop": reason})
 
     # ---- results --------------------------------------------------------------------------------------------------
     def publish(self, elite_hashes: Sequence[str], generation: int, *, finished: bool = False,

@@ -1,0 +1,141 @@
+"""A report over stored runs: best-so-far PNG per space (one line per run), elite tables, failures by status, and one
+self-contained HTML page (the PNGs are embedded, so it opens offline from anywhere)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from elite_store import CandidateRecord, RunInfo, Store
+from evoengineer.elite_json import elite_rows
+from evoengineer.report.convergence import best_so_far, plot_convergence
+
+
+@dataclass
+class RunSummary:
+    run: RunInfo
+    times: list[float]  # per evaluation, in order; inf for a failed candidate
+    statuses: dict[str, int]
+    first_reason: dict[str, str]  # one example reason per failure status
+    elites: list[dict[str, Any]]
+    best: float = math.inf
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_label(run: RunInfo) -> str:
+    """'run 3: optuna/tpe seed 0' — what a legend or a heading calls a run."""
+    c = run.config
+    strategy = c.get("strategy", "ga") + (f"/{c['sampler']}" if c.get("sampler") else "")
+    return f"run {run.id}: {strategy} seed {run.seed}"
+
+
+def summarize_run(store: Store, run: RunInfo) -> RunSummary:
+    recs: list[CandidateRecord] = store.candidates(run.id)
+    statuses: dict[str, int] = {}
+    first_reason: dict[str, str] = {}
+    for r in recs:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        if r.status != "ok" and r.status not in first_reason:
+            first_reason[r.status] = " ".join(r.reason.split())[:240]
+    elites = [{"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics}
+              for i, e in enumerate(store.elites(run.id), start=1)]
+    times = [r.time_us for r in recs]
+    return RunSummary(run=run, times=times, statuses=statuses, first_reason=first_reason, elites=elites,
+                      best=min(times, default=math.inf), label=run_label(run))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _table(rows: list[tuple[Any, ...]]) -> str:
+    """An HTML table: the first row is the header; numbers are right-aligned."""
+    def cell(c: Any) -> str:
+        num = isinstance(c, (int, float)) and not isinstance(c, bool)
+        return f"<td{' class=num' if num else ''}>{html.escape(str(c))}</td>"
+
+    head, body = rows[0], rows[1:]
+    out = ["<table><thead><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in head) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(cell(c) for c in r) + "</tr>" for r in body]
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _fmt_us(t: float) -> str:
+    return f"{t:.3f}" if math.isfinite(t) else "-"
+
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0 1.2em; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #eee; } .muted { color: #777; font-size: .9em; }
+"""
+
+
+def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> Path:
+    """Write convergence_<space>.png per space, and index.html; returns the HTML's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize_run(store, r) for r in runs]
+    by_space: dict[str, list[RunSummary]] = {}
+    for s in summaries:
+        by_space.setdefault(s.run.space_name, []).append(s)
+
+    parts = [f"<h1>EvoEngineer report</h1><p class=muted>store {html.escape(store.url)} &middot; "
+             f"{len(runs)} run(s) &middot; written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>"]
+    overview = [("run", "space", "strategy", "seed", "status", "stop", "evaluations", "ok", "best us", "evaluator")]
+    for s in summaries:
+        c = s.run.config
+        overview.append((s.run.id, s.run.space_name, c.get("strategy", "ga") + (f"/{c['sampler']}" if
+                         c.get("sampler") else ""), s.run.seed, s.run.status, s.run.stop_reason or "-",
+                         len(s.times), s.statuses.get("ok", 0), _fmt_us(s.best),
+                         (c.get("evaluator") or {}).get("kind", "-")))
+    parts.append("<h2>Runs</h2>" + _table(overview))
+
+    for space, group in by_space.items():
+        png = out / f"convergence_{_safe(space)}.png"
+        series = {s.label: best_so_far(s.times) for s in group if s.times}
+        if series:
+            plot_convergence(series, png, title=f"{space}: best time vs distinct evaluations")
+            data = base64.b64encode(png.read_bytes()).decode("ascii")
+            img = f'<img alt="best-so-far of {html.escape(space)}" src="data:image/png;base64,{data}">'
+        else:
+            img = "<p class=muted>no evaluations yet</p>"
+        parts.append(f"<h2>Space {html.escape(space)}</h2>{img}"
+                     f"<p class=muted>also saved as {html.escape(png.name)}</p>")
+        statuses = sorted({k for s in group for k in s.statuses})
+        fail_rows: list[tuple[Any, ...]] = [("run", *statuses, "first reason of each failure status")]
+        for s in group:
+            reasons = "; ".join(f"{k}: {v}" for k, v in s.first_reason.items()) or "-"
+            fail_rows.append((s.run.id, *(s.statuses.get(k, 0) for k in statuses), reasons))
+        parts.append("<h3>Evaluations by status</h3>" + _table(fail_rows))
+        for s in group:
+            rows = elite_rows(s.elites)
+            body = _table(rows) if s.elites else "<p class=muted>no correct candidate yet</p>"
+            parts.append(f"<h3>Elites of {html.escape(s.label)}</h3>{body}")
+
+    page = ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>EvoEngineer report</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+    index = out / "index.html"
+    _write_atomic(index, page)
+    return index
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
