@@ -29,12 +29,12 @@ Individual = Any
 @dataclass
 class GAParams:
     """Operator rates. cxpb/mutpb per child; indpb per gene. Defaults tuned on the CPU and CUDA MSDA landscapes
-    (experiments/strategies/results/ga_tuning.md): light per-gene mutation and binary tournaments."""
+    (experiments/strategies/README.md): frequent crossover, every child mutated, lightly (one gene in ten)."""
 
-    cxpb: float = 0.6
-    mutpb: float = 0.8
+    cxpb: float = 0.9
+    mutpb: float = 1.0
     indpb: float = 0.1
-    tournsize: int = 2
+    tournsize: int = 3
     novelty_tries: int = 20
 
 

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# On the GPU host: the strategies with the real evaluator (nvcc builds, correctness vs SDPA, CUDA-event timing) on
-# sdpa_fp16_d64, budget 24 each, one store for all runs; the Optuna run is SIGKILLed after 8 stored evaluations and
-# resumed. Everything under $OUT: the store (strategies.db), elite files, logs. The HTML report is made from the
-# store afterwards: python -m evoengineer report --db sqlite:///strategies.db --out report
-source experiments/scripts/device_env.sh || exit 1
-db=/tmp/strategies.db
+# The strategies with the real evaluator: on the GPU host SPACE=sdpa_fp16_d64 (nvcc builds, correctness vs SDPA,
+# CUDA-event timing), on a CPU machine SPACE=cpu_msda (C++/OpenMP builds, float64 reference, wall-clock timing).
+# Budget 24 each, one store for all runs; the Optuna run is SIGKILLed after 8 stored evaluations and resumed.
+# Everything under $OUT: the store (strategies.db), elite files, logs. The HTML report is made from the store:
+#   python -m evoengineer report --db sqlite:///$OUT/strategies.db --out report
+#   OUT=/tmp/out SPACE=cpu_msda bash experiments/strategies/scripts/gpu_strategies.sh
+set -u
+if command -v nvidia-smi >/dev/null 2>&1 && [ -d .whl ]; then source experiments/scripts/device_env.sh || exit 1; fi
+SPACE=${SPACE:-sdpa_fp16_d64}
+mkdir -p "$OUT"
+db=/tmp/strategies_$SPACE.db
 rm -f $db $db-wal $db-shm
-common=(--space sdpa_fp16_d64 --budget 24 --seed 0 --db "sqlite:///$db")
+common=(--space "$SPACE" --budget 24 --seed 0 --db "sqlite:///$db")
 
 for s in ga random grid; do
   ( time timeout -k 20 -s INT 150 python3 -m evoengineer search "${common[@]}" --strategy "$s" \
