@@ -115,6 +115,8 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
                        sampler=cfg.get("sampler"))
     if s.strategy not in STRATEGIES:
         raise UserError(f"--run {run.id}: strategy {s.strategy!r} is not available in this installation")
+    if s.strategy == "optuna":
+        make_sampler(s.sampler or "tpe", seed=s.seed, population=s.population)
     out = Path(cfg["out"])
     elite_json.check_writable(out, space.name)
     evaluator = evaluator_for_resume(space, cfg["evaluator"])
