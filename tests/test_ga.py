@@ -41,7 +41,7 @@ class Result:
 
 def run_ga(space_file: Path, landscape: Path, work: Path, *, seed: int = 0, population: int = 8,
            generations: int = 10, elite: int = 3, budget: int | None = None, db: str | None = None,
-           capture: bool = True) -> Result:
+           capture: bool = True, params: GAParams | None = None) -> Result:
     space = load_space(space_file)
     work.mkdir(parents=True, exist_ok=True)
     ev = CheckingEvaluator(ReplayEvaluator(landscape, space), space)
@@ -73,7 +73,7 @@ def run_ga(space_file: Path, landscape: Path, work: Path, *, seed: int = 0, popu
         return evaluate(genomes, generation)
 
     runner.evaluate = checked_evaluate
-    res.reason = GeneticSearch(runner).run(None)
+    res.reason = GeneticSearch(runner, params).run(None)
     return res
 
 
@@ -347,3 +347,15 @@ def test_finds_the_optimum_within_a_quarter_of_the_space(toy: Path, tmp_path: Pa
         assert best == r.ok_times()[0] >= optimum
         hits += best <= optimum * 1.05
     assert hits >= len(seeds) - 1, f"only {hits}/{len(seeds)} seeds got within 5% of {optimum}"
+
+
+def test_plus_survival_keeps_the_best_so_far_as_the_population(toy: Path, tmp_path: Path):
+    """The (mu+lambda) variant: each generation's population is the best `population` evaluated so far."""
+    r = toy_run(toy, tmp_path, seed=4, population=10, generations=12, elite=3, params=GAParams(plus_survival=True))
+    cands = r.store.candidates(r.run_id)
+    assert len({c.hash for c in cands}) == len(cands) == len(r.evaluator.calls)
+    for gen, state in r.checkpoints[1:]:
+        upto = sorted((c.time_us, c.hash) for c in cands if c.generation <= gen and c.status == "ok")
+        pop_times = sorted(r.runner.records[r.runner.hash_of(g)].time_us for g in state["population"])
+        assert pop_times == [t for t, _ in upto[:10]]
+    check_elites(r, 3)

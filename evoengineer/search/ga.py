@@ -36,6 +36,7 @@ class GAParams:
     indpb: float = 0.1
     tournsize: int = 3
     novelty_tries: int = 20
+    plus_survival: bool = False  # next population: the best of parents + children (mu+lambda), not K elites + children
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
@@ -242,7 +243,12 @@ class GeneticSearch:
             elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]
             offspring = self._offspring(pop, max(0, s.population - len(elites)), gen)
             self._assign(offspring, gen)
-            pop = elites + offspring
+            if self.params.plus_survival:
+                pool = [ind for ind in pop + offspring if ind.fitness.valid]
+                pool.sort(key=lambda ind: (ind.fitness.values[0], self.runner.hash_of(ind)))
+                pop = [self.toolbox.clone(ind) for ind in pool[: s.population]]
+            else:
+                pop = elites + offspring
             self._update_hof(offspring)
             stats = self._record(gen, pop)
             if not r.exhausted:

@@ -32,11 +32,12 @@ GRID = {
     "mutpb": [0.5, 0.8, 1.0],
     "indpb": [0.1, 0.2, 0.3, 0.5],
     "cxpb": [0.0, 0.3, 0.6, 0.9],
+    "plus_survival": [0, 1],  # 1: the next population is the best of parents + children (mu+lambda)
 }
 
 
 # the GA's defaults before tuning: where coordinate descent starts
-START = {"population": 16, "tournsize": 3, "mutpb": 0.8, "indpb": 0.3, "cxpb": 0.6}
+START = {"population": 16, "tournsize": 3, "mutpb": 0.8, "indpb": 0.3, "cxpb": 0.6, "plus_survival": 0}
 
 
 def factorial(spec: str) -> list[dict]:
@@ -44,7 +45,7 @@ def factorial(spec: str) -> list[dict]:
     import itertools
 
     d = GAParams()
-    base = {"population": 12, **{k: getattr(d, k) for k in GRID if k != "population"}}
+    base = {"population": 12, **{k: type(GRID[k][0])(getattr(d, k)) for k in GRID if k != "population"}}
     axes = []
     for part in spec.split(";"):
         name, _, values = part.partition("=")
