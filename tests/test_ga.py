@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import CheckingEvaluator, toy_measure, write_toy_landscape
@@ -359,3 +360,53 @@ def test_plus_survival_keeps_the_best_so_far_as_the_population(toy: Path, tmp_pa
         pop_times = sorted(r.runner.records[r.runner.hash_of(g)].time_us for g in state["population"])
         assert pop_times == [t for t, _ in upto[:10]]
     check_elites(r, 3)
+
+
+def test_gene_value_model_prefers_the_values_of_the_good_configurations(toy: Path):
+    from evoengineer.search.ga import GeneValueModel
+
+    space = load_space(toy / "toy_space.toml")
+    valid = space.valid_genomes()
+    rng = random.Random(0)
+    sample = rng.sample(valid, 300)
+    scored = []
+    for g in sample:
+        status, t = toy_measure(space.genome_to_params(g))
+        scored.append((g, t if status == "ok" else float("inf")))
+    model = GeneValueModel(space, scored)
+    ranked = sorted(valid, key=lambda g: -model.score(g))
+    truth = {g: toy_measure(space.genome_to_params(g)) for g in valid}
+
+    def mean_time(gs):
+        ts = [truth[g][1] for g in gs if truth[g][0] == "ok"]
+        return sum(ts) / len(ts)
+
+    # the model's top tenth is much faster on average than its bottom tenth, and than the space at large
+    k = len(valid) // 10
+    assert mean_time(ranked[:k]) < 0.8 * mean_time(ranked[-k:])
+    assert mean_time(ranked[:k]) < 0.9 * mean_time(valid)
+    # failures count against their values: an all-failing value scores below the same value when it succeeds
+    bad = GeneValueModel(space, [(g, float("inf")) for g, _ in scored[:50]] + scored[50:])
+    assert all(np.isfinite(lr).all() for lr in bad.log_ratio)
+
+
+@pytest.mark.parametrize("prescreen", [1, 8])
+def test_prescreen_breeds_new_valid_children_deterministically(toy: Path, tmp_path: Path, prescreen: int):
+    kw = dict(seed=3, population=12, generations=20, elite=3, budget=150, params=GAParams(prescreen=prescreen))
+    a = toy_run(toy, tmp_path / "a", **kw)
+    b = toy_run(toy, tmp_path / "b", **kw)
+    assert a.evaluator.calls == b.evaluator.calls and len(a.evaluator.calls) == 150  # CheckingEvaluator: no repeats
+    assert a.out.read_text() == b.out.read_text()
+
+
+def test_prescreen_model_never_sees_the_current_generation(toy: Path, tmp_path: Path):
+    """The model of generation g is built from generations < g only: what a resumed generation sees is the same."""
+    r = toy_run(toy, tmp_path, seed=1, population=12, generations=3, elite=3, params=GAParams(prescreen=4))
+    search = GeneticSearch(r.runner, GAParams(prescreen=4))
+    m2 = search._model(2)
+    before = [(r.runner.space.params_to_genome(c.params), c.time_us) for c in r.store.candidates(r.run_id)
+              if c.generation < 2]
+    from evoengineer.search.ga import GeneValueModel
+
+    ref = GeneValueModel(r.runner.space, before)
+    assert all((x == y).all() for x, y in zip(m2.log_ratio, ref.log_ratio))

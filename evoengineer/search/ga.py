@@ -29,7 +29,8 @@ Individual = Any
 @dataclass
 class GAParams:
     """Operator rates. cxpb/mutpb per child; indpb per gene. Defaults tuned on the CPU and CUDA MSDA landscapes
-    (experiments/strategies/README.md): frequent crossover, every child mutated, lightly (one gene in ten)."""
+    (experiments/strategies/README.md): frequent crossover, every child mutated, lightly (one gene in ten), and
+    8 children bred per slot of which the gene-value model keeps the most promising."""
 
     cxpb: float = 0.9
     mutpb: float = 1.0
@@ -37,6 +38,7 @@ class GAParams:
     tournsize: int = 3
     novelty_tries: int = 20
     plus_survival: bool = False  # next population: the best of parents + children (mu+lambda), not K elites + children
+    prescreen: int = 8  # breed this many children per slot and keep the ones the gene-value model ranks best (1: off)
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
@@ -102,6 +104,39 @@ def make_stats() -> tools.Statistics:
     stats.register("best", lambda xs: min(finite(xs)) if finite(xs) else None)
     stats.register("median", lambda xs: float(np.median(finite(xs))) if finite(xs) else None)
     return stats
+
+
+class GeneValueModel:
+    """Which gene values the good configurations have: per gene, smoothed frequencies of each value among the best
+    `gamma` share of the correct evaluations vs among the rest (failures count with the rest). A child's score is
+    the sum over genes of log(good / rest): a cheap pre-screen of children before anything is built."""
+
+    def __init__(self, space: SearchSpace, scored: Sequence[tuple[Sequence[int], float]], gamma: float = 0.15):
+        ok = sorted((t, tuple(g)) for g, t in scored if math.isfinite(t))
+        n_good = max(1, math.ceil(gamma * len(ok)))
+        good = [g for _, g in ok[:n_good]]
+        rest = [g for _, g in ok[n_good:]] + [tuple(g) for g, t in scored if not math.isfinite(t)]
+        self.log_ratio: list[np.ndarray] = []
+        for i, p in enumerate(space.parameters):
+            n = len(p.values)
+            lg = self._density([g[i] for g in good], n, p.ordinal)
+            lr = self._density([g[i] for g in rest], n, p.ordinal)
+            self.log_ratio.append(np.log(lg) - np.log(lr))
+
+    @staticmethod
+    def _density(values: Sequence[int], n: int, ordinal: bool) -> np.ndarray:
+        counts = np.full(n, 1.0 / n)  # prior: one observation spread evenly
+        for v in values:
+            if ordinal:  # half the weight on the value, a quarter on each neighbour (reflected at the ends)
+                counts[v] += 0.5
+                for u in (v - 1, v + 1):
+                    counts[min(max(u, 0), n - 1) if 0 <= u < n else v] += 0.25
+            else:
+                counts[v] += 1.0
+        return counts / counts.sum()
+
+    def score(self, genome: Sequence[int]) -> float:
+        return float(sum(lr[g] for lr, g in zip(self.log_ratio, genome)))
 
 
 # ---- state <-> JSON ---------------------------------------------------------------------------------------------
@@ -198,6 +233,24 @@ class GeneticSearch:
         return child
 
     def _offspring(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
+        """n children for generation `gen`; with prescreen > 1, the n best-scored of prescreen x n bred."""
+        model = self._model(gen) if self.params.prescreen > 1 else None
+        if model is None:
+            return self._breed(pop, n, gen)
+        bred = self._breed(pop, n * self.params.prescreen, gen)
+        order = sorted(range(len(bred)), key=lambda k: (-model.score(bred[k]), k))
+        return [bred[k] for k in order[:n]]
+
+    def _model(self, gen: int) -> GeneValueModel | None:
+        """The gene-value model of what earlier generations measured (never the current one's partial results, so
+        a resumed generation breeds exactly as the uninterrupted one did). None until 10 correct evaluations."""
+        scored = [(self.space.params_to_genome(r.params), r.time_us) for r in self.runner.records.values()
+                  if r.generation < gen]
+        if sum(1 for _, t in scored if math.isfinite(t)) < 10:
+            return None
+        return GeneValueModel(self.space, scored)
+
+    def _breed(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
         tb = self.toolbox
         chosen = tb.select(pop, n)
         offspring = [tb.clone(ind) for ind in chosen]
