@@ -197,7 +197,7 @@ def cmd_landscape(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from evoengineer.report import run_label, write_report
+    from evoengineer.report import write_report
     from evoengineer.search.driver import open_store
     from elite_store import StoreError
 
@@ -218,10 +218,10 @@ def cmd_report(a: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: exists and is not a folder")
     if not out.parent.exists():
         raise UserError(f"--out {out}: directory {out.parent} does not exist")
-    index = write_report(store, runs, out)
-    for r in runs:
-        n = store.count_candidates(r.id)
-        print(f"{run_label(r)} | {r.space_name} | {r.status} {r.stop_reason} | {n} evaluations")
+    index, summaries = write_report(store, runs, out)
+    for sm in summaries:
+        r = sm.run
+        print(f"{sm.label} | {r.space_name} | {r.status} {r.stop_reason} | {len(sm.times)} evaluations")
     print(f"report: {index}", file=sys.stderr)
     return 0
 

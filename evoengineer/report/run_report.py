@@ -7,7 +7,7 @@ import base64
 import html
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,17 @@ class RunSummary:
     elites: list[dict[str, Any]]
     best: float = math.inf
     label: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def strategy_name(run: RunInfo) -> str:
+    """'ga', 'random', 'optuna/tpe', ..."""
+    c = run.config
+    return c.get("strategy", "ga") + (f"/{c['sampler']}" if c.get("sampler") else "")
 
 
 def run_label(run: RunInfo) -> str:
     """'run 3: optuna/tpe seed 0' — what a legend or a heading calls a run."""
-    c = run.config
-    strategy = c.get("strategy", "ga") + (f"/{c['sampler']}" if c.get("sampler") else "")
-    return f"run {run.id}: {strategy} seed {run.seed}"
+    return f"run {run.id}: {strategy_name(run)} seed {run.seed}"
 
 
 def summarize_run(store: Store, run: RunInfo) -> RunSummary:
@@ -88,8 +91,8 @@ img { max-width: 100%; border: 1px solid #eee; } .muted { color: #777; font-size
 """
 
 
-def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> Path:
-    """Write convergence_<space>.png per space, and index.html; returns the HTML's path."""
+def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> tuple[Path, list[RunSummary]]:
+    """Write convergence_<space>.png per space, and index.html; returns the HTML's path and the runs' summaries."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize_run(store, r) for r in runs]
@@ -102,8 +105,8 @@ def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> Path
     overview = [("run", "space", "strategy", "seed", "status", "stop", "evaluations", "ok", "best us", "evaluator")]
     for s in summaries:
         c = s.run.config
-        overview.append((s.run.id, s.run.space_name, c.get("strategy", "ga") + (f"/{c['sampler']}" if
-                         c.get("sampler") else ""), s.run.seed, s.run.status, s.run.stop_reason or "-",
+        overview.append((s.run.id, s.run.space_name, strategy_name(s.run), s.run.seed, s.run.status,
+                         s.run.stop_reason or "-",
                          len(s.times), s.statuses.get("ok", 0), _fmt_us(s.best),
                          (c.get("evaluator") or {}).get("kind", "-")))
     parts.append("<h2>Runs</h2>" + _table(overview))
@@ -134,7 +137,7 @@ def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> Path
             f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     index = out / "index.html"
     _write_atomic(index, page)
-    return index
+    return index, summaries
 
 
 def _safe(name: str) -> str:

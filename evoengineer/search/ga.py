@@ -170,6 +170,7 @@ class GeneticSearch:
         self.hof = tools.HallOfFame(max(1, self.settings.elite))
         self.logbook = tools.Logbook()
         self.logbook.header = ["gen", "evals", "valid", "best", "median"]
+        self._genomes: dict[str, tuple[int, ...]] = {}  # record hash -> genome, for the pre-screen model
 
     # fitness from the runner's records; failed or unevaluated -> inf (never in the hall of fame)
     def _assign(self, pop: Sequence[Individual], generation: int) -> None:
@@ -244,11 +245,16 @@ class GeneticSearch:
     def _model(self, gen: int) -> GeneValueModel | None:
         """The gene-value model of what earlier generations measured (never the current one's partial results, so
         a resumed generation breeds exactly as the uninterrupted one did). None until 10 correct evaluations."""
-        scored = [(self.space.params_to_genome(r.params), r.time_us) for r in self.runner.records.values()
-                  if r.generation < gen]
+        scored = [(self._genome_of(r), r.time_us) for r in self.runner.records.values() if r.generation < gen]
         if sum(1 for _, t in scored if math.isfinite(t)) < 10:
             return None
         return GeneValueModel(self.space, scored)
+
+    def _genome_of(self, rec: Any) -> tuple[int, ...]:
+        g = self._genomes.get(rec.hash)
+        if g is None:
+            g = self._genomes[rec.hash] = tuple(self.space.params_to_genome(rec.params))
+        return g
 
     def _breed(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
         tb = self.toolbox

@@ -305,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = f"_{a.tag}" if a.tag else ""
     jobs = []
+    size: dict[str, int] = {}
     for land in lands:
         space: SearchSpace = load_space(ROOT / LANDSCAPES[land][0])
+        size[land] = space.count_valid()
         pop = ga.get("population") or a.population or int(space.search.get("population", 16))
         for s in strategies:
             jobs.append({"landscape": land, "strategy": s, "seeds": list(range(a.seeds)), "work": str(work),
@@ -315,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(max(1, a.jobs)) as pool:
         # the slowest jobs (Optuna's model-based samplers on the largest spaces) first
-        order = sorted(jobs, key=lambda j: (not j["strategy"].startswith("optuna-"),
-                                            -load_space(ROOT / LANDSCAPES[j["landscape"]][0]).count_valid()))
+        order = sorted(jobs, key=lambda j: (not j["strategy"].startswith("optuna-"), -size[j["landscape"]]))
         results = [r for rs in pool.imap_unordered(run_job, order) for r in rs]
     results.sort(key=lambda r: (lands.index(r["landscape"]), strategies.index(r["strategy"]), r["seed"]))
     summary = summarize(results)
