@@ -212,6 +212,20 @@ class Store:
             if self.find_candidate(run_id, rec.hash) is None:
                 raise
 
+    def update_verdict(self, run_id: int, hash_: str, *, status: str, reason: str, metrics: dict[str, Any]) -> None:
+        """Change a recorded candidate's status, reason and metrics (a later check, e.g. the sanitizer before it is
+        published, overturned or confirmed the measurement)."""
+        clean = {k: _finite_or_none(v) for k, v in metrics.items()}
+        t = metrics.get("time_us")
+        keep_time = status == "ok" and isinstance(t, (int, float)) and math.isfinite(t)
+        with self._session.begin() as s:
+            c = s.scalars(select(CandidateRow).where(CandidateRow.run_id == run_id,
+                                                     CandidateRow.hash == hash_)).first()
+            if c is None:
+                raise StoreError(f"candidate {hash_[:12]} is not in run {run_id}")
+            c.status, c.reason, c.metrics = status, reason, clean
+            c.time_us = float(t) if keep_time else None
+
     def find_candidate(self, run_id: int, hash_: str) -> CandidateRecord | None:
         with self._session() as s:
             c = s.scalars(select(CandidateRow).where(CandidateRow.run_id == run_id,

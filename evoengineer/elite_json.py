@@ -37,10 +37,22 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "fingerprint": run.fingerprint,
         "elites": [
             {"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, "status": e.status,
-             "generation": e.generation, **common, "source": e.source}
+             "generation": e.generation, **_certification(e, run_status), **common, "source": e.source}
             for i, e in enumerate(elites, start=1)
         ],
     }
+
+
+def _certification(e: Any, run_status: str) -> dict[str, Any]:
+    """`certified`: the elite ran clean under compute-sanitizer; `sanitizer`: what was run and found (or why
+    nothing was: pending until the run finishes, or no sanitizer for this evaluator)."""
+    verdict = e.metrics.get("sanitizer")
+    if isinstance(verdict, dict):
+        return {"certified": verdict.get("status") == "clean",
+                "sanitizer": {k: verdict[k] for k in ("status", "tools", "reason", "seconds") if k in verdict}}
+    why = "pending: elites are certified when the run finishes" if run_status != "finished" else \
+        "not run: no sanitizer for this evaluator or backend (compute-sanitizer, CUDA spaces only)"
+    return {"certified": False, "sanitizer": {"status": "not run", "reason": why}}
 
 
 def write_atomic(path: str | Path, doc: dict[str, Any]) -> None:
@@ -116,12 +128,14 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
 
 
 def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """Header and one row per elite: rank, p50/p90, speedup, errors, hash, params (text cells)."""
-    rows = [("rank", "p50 us", "p90 us", "speedup", "max err", "hash", "params")]
+    """Header and one row per elite: rank, p50/p90, speedup, errors, sanitizer verdict, hash, params (text
+    cells)."""
+    rows = [("rank", "p50 us", "p90 us", "speedup", "max err", "sanitizer", "hash", "params")]
     for e in elites:
         m = e.get("metrics", {})
+        verdict = e.get("sanitizer") or m.get("sanitizer") or {}
         rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
-                     _num(m.get("max_abs_err"), ".1e"), str(e.get("hash", ""))[:12],
+                     _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")), str(e.get("hash", ""))[:12],
                      " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
     return rows
 

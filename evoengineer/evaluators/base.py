@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
 
 OK = "ok"
 STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
-            "skipped")
+            "sanitizer_error", "skipped")
 
 #: Metric names every evaluator uses where it has the number (times in microseconds).
 METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",
@@ -58,6 +58,12 @@ class Evaluator(ABC):
         """Measure several; yields each result as soon as it is known (order may differ from input)."""
         for c in candidates:
             yield c, self.evaluate(c)
+
+    def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
+        """Certify candidates that measured ok under a dynamic checker before they are published as elites: per hash
+        {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker
+        (the elites are published uncertified)."""
+        return {}
 
     def fingerprint(self) -> dict[str, Any]:
         """What this evaluator adds to the machine fingerprint (e.g. the GPU it measures on)."""

@@ -12,7 +12,7 @@ import tempfile
 import time
 from concurrent.futures import Future, as_completed
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer import ROOT
 from evoengineer.build.builder import Builder, BuildResult, default_cache_dir
@@ -179,8 +179,10 @@ class LocalEvaluator(Evaluator):
         extra = {**build.metrics, "build_s": build.build_s, "build_cached": build.cached}
         try:
             worker = self._worker()
+            t0 = time.perf_counter()
             reply = worker.request({"cmd": "eval", "so": build.so, "module": build.module, "hash": candidate.hash},
                                    float(self.settings["timeout_s"]))
+            extra["measure_s"] = round(time.perf_counter() - t0, 4)  # checks, timing and baselines in the worker
         except WorkerFailure as f:
             if self.worker is not None:
                 self.worker.kill()
@@ -190,6 +192,24 @@ class LocalEvaluator(Evaluator):
             self.worker.kill()
             self.worker = None
         return Measurement(reply["status"], reply.get("reason", ""), {**reply.get("metrics", {}), **extra})
+
+    def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
+        """CUDA: run the (cached) builds under compute-sanitizer's tools from the space's `sanitizer` setting."""
+        from evoengineer.evaluators.sanitizer import certify, find_tool
+
+        tools = list(self.settings["sanitizer"])
+        if self.space.backend != "cuda" or not tools or find_tool() is None:
+            return {}
+        verdicts, built = {}, []
+        for c in candidates:
+            b = self.builder.submit(c).result()
+            if b.status == "ok":
+                built.append({"hash": c.hash, "so": b.so or "", "module": b.module or ""})
+            else:
+                verdicts[c.hash] = {"status": "unknown", "tools": tools, "reason": f"no build: {b.status}: {b.reason}"}
+        verdicts.update(certify(built, space_text=self.space.text, space_path=str(self.space.path or ""),
+                                tools=tools, timeout_s=float(self.settings["sanitizer_timeout_s"])))
+        return verdicts
 
     # ---- the evaluator interface --------------------------------------------------------------------------------
     def evaluate(self, candidate: Candidate) -> Measurement:

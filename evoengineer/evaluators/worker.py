@@ -1,7 +1,8 @@
 """Measurement worker: a subprocess that checks and times built candidates, one at a time.
 
 It lives across candidates: inputs and reference outputs are made once per input set (fresh shapes are redrawn per
-candidate), and baselines are timed once. The parent talks JSON lines on stdin / a private copy of stdout; the
+candidate), and baselines are timed once. Inputs are read-only to a candidate (verified after it ran, restored from a
+pristine copy), outputs are guarded and poisoned, and checked beyond the first call (see Session). The parent talks JSON lines on stdin / a private copy of stdout; the
 kernel's own prints go to stderr. A hang or crash here costs only this process: the parent replaces it.
 
     python -m evoengineer.evaluators.worker
@@ -11,19 +12,49 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import random
 import signal
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Any
+
+from evoengineer.evaluators.integrity import Guarded, ProtectedInputs, as_bits, checksum
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "unspecified launch failure", "device-side assert",
               "misaligned address", "an illegal instruction", "CUBLAS_STATUS")
 
 
+@dataclass
+class InputSet:
+    """One input set of a shape entry: the protected inputs and (made once, lazily for timed sets) the reference."""
+
+    entry: Any
+    seed: int
+    inputs: ProtectedInputs
+    ref: Any = None
+
+    @property
+    def where(self) -> str:
+        return f"shape {self.entry.name} (seed {self.seed})"
+
+
+class Rejected(Exception):
+    """A candidate failed a check: `reason` says which and where; metrics gathered so far travel with it."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Session:
-    """State of one worker: the task, cached input sets with references, baseline timings."""
+    """State of one worker: the task, cached input sets with references, baseline timings.
+
+    Every input set a candidate sees is protected (evaluators/integrity.py): inputs sit in guarded allocations with a
+    pristine copy; after each candidate they are verified and restored, so one candidate never changes what the next
+    one is checked or timed on. Outputs are guarded and NaN-poisoned before every checked call.
+    """
 
     def __init__(self, init: dict[str, Any]):
         import torch
@@ -34,100 +65,224 @@ class Session:
         self.torch = torch
         self.space = SearchSpace.from_text(init["space_text"], init["space_path"])
         self.task = get_task(self.space)
+        self.settings = self.task.settings
         self.seed = int(init["seed"])
         torch.manual_seed(self.seed)
-        self.sets: list[dict[str, Any]] = []  # cached (not fresh) check sets with their reference
-        for i, e in enumerate(self.task.entries):
+        self.canaries = torch.Generator().manual_seed(self._seed("canaries", 0))
+        self.sets: list[InputSet] = []  # cached (not fresh) check sets with their reference
+        for e in self.task.entries:
             if e.fresh:
                 continue
             for k in range(e.checks):
-                s = self._seed(e.name, k)
-                inputs = self.task.make_inputs(e.shape, s)
-                self.sets.append({"entry": e, "seed": s, "inputs": inputs, "ref": self.task.reference(inputs)})
-        self.timed = {e.name: self.task.make_inputs(e.shape, self._seed(e.name, 10_000))
+                self.sets.append(self._input_set(e, self._seed(e.name, k), with_ref=True))
+        self.timed = {e.name: self._input_set(e, self._seed(e.name, 10_000), with_ref=False)
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
         from evoengineer.build.compile import load_module
 
         self.kernels = {b["name"]: load_module(b["so"], b["module"]) for b in init.get("baselines", [])}
         for name, module in self.kernels.items():  # a baseline must be right before anything is compared to it
-            ok, reason, *_ = self.check(module, f"baseline:{name}")
-            if not ok:
-                raise RuntimeError(f"baseline kernel {name} is wrong: {reason}")
+            try:
+                self.check(module, f"baseline:{name}")
+            except Rejected as r:
+                raise RuntimeError(f"baseline kernel {name} is wrong: {r.reason}") from None
+            finally:
+                self._restore_inputs()
 
     def _seed(self, name: str, k: int, salt: str = "") -> int:
         digest = hashlib.sha256(f"{self.seed}/{name}/{k}/{salt}".encode()).hexdigest()
         return int(digest[:12], 16)
 
+    def _input_set(self, entry: Any, seed: int, *, with_ref: bool) -> InputSet:
+        raw = self.task.make_inputs(entry.shape, seed)
+        s = InputSet(entry, seed, ProtectedInputs(raw, self.canaries))
+        if with_ref:
+            s.ref = self.task.reference(s.inputs.pristine)
+        return s
+
+    def _ref(self, s: InputSet) -> Any:
+        if s.ref is None:
+            s.ref = self.task.reference(s.inputs.pristine)
+        return s.ref
+
+    def _restore_inputs(self) -> None:
+        """Cached inputs are never shared mutable state: back to their pristine bytes before the next candidate."""
+        for s in (*self.sets, *self.timed.values()):
+            s.inputs.verify_and_restore()
+
     def _sync(self) -> None:
         if self.task.device == "cuda":
             self.torch.cuda.synchronize()
 
-    def _time(self, fn) -> dict[str, Any]:
+    def _output(self, s: InputSet) -> Guarded:
+        return Guarded.holding(self.task.new_output(s.inputs.pristine), self.canaries)
+
+    def _poison(self, out: Any) -> None:
+        if out.is_floating_point():
+            out.fill_(float("nan"))
+
+    def _time(self, fn, before=None, after=None) -> dict[str, Any]:
         from evoengineer.evaluators.timing import time_callable
 
-        st = self.task.settings
+        st = self.settings
         return time_callable(fn, device=self.task.device, warmup=int(st["warmup"]), repeats=int(st["repeats"]),
-                             flush_l2=bool(st["l2_flush"]))
+                             flush_l2=bool(st["l2_flush"]), before=before, after=after)
 
     def _baselines(self) -> dict[str, dict[str, Any]]:
         if self.baselines is None:
             self.baselines = {}
             for bname, fn in self.task.baselines().items():
-                per_shape = {name: self._time(lambda inp=inp: fn(inp)) for name, inp in self.timed.items()}
+                per_shape = {name: self._time(lambda inp=s.inputs: fn(inp)) for name, s in self.timed.items()}
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
             for bname, module in self.kernels.items():
                 per_shape = {}
-                for name, inp in self.timed.items():
-                    out = self.task.new_output(inp)
-                    per_shape[name] = self._time(lambda inp=inp, out=out, module=module:
+                for name, s in self.timed.items():
+                    out = self.task.new_output(s.inputs)
+                    per_shape[name] = self._time(lambda inp=s.inputs, out=out, module=module:
                                                  self.task.launch(module, inp, out))
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
         return self.baselines
 
-    def check(self, module: Any, candidate_hash: str) -> tuple[bool, str, float, float, dict[str, float]]:
-        """Run every check set (the tolerance check, then the task's extra check); False with the worst error and
-        shape on the first failure. The last item holds the extra checks' metrics, worst over the sets."""
-        torch = self.torch
+    # ---- checks ---------------------------------------------------------------------------------------------------
+    def _errors(self, got: Any, ref: Any) -> tuple[float, float, Any, Any]:
+        """max abs and rel error of `got` against `ref` (float64), the error tensor and the out-of-tolerance mask."""
         atol, rtol = self.task.tolerance()
+        err = (got - ref).abs()
+        max_abs = float(err.max()) if err.numel() else 0.0
+        rel = err / ref.abs().clamp_min(atol)
+        max_rel = float(rel.max()) if rel.numel() else 0.0
+        return max_abs, max_rel, err, err > atol + rtol * ref.abs()
+
+    def _against_reference(self, out: Any, ref: Any, where: str) -> tuple[float, float]:
+        """Raise Rejected unless every output is finite and within tolerance of the reference."""
+        torch = self.torch
+        got = out.to(torch.float64)
+        ref = ref.to(got.device)
+        bad_values = ~torch.isfinite(got)
+        if bad_values.any():
+            raise Rejected(f"{int(bad_values.sum())} of {got.numel()} outputs NaN/Inf (unwritten or invalid) on "
+                           f"{where}")
+        max_abs, max_rel, err, over = self._errors(got, ref)
+        if over.any():
+            atol, rtol = self.task.tolerance()
+            idx = int(torch.argmax(err.flatten()))
+            raise Rejected(f"max abs err {max_abs:.3e} (rel {max_rel:.3e}) > tol (atol {atol:g}, rtol {rtol:g}) "
+                           f"on {where}, {int(over.sum())} elements off, worst at flat index {idx}")
+        return max_abs, max_rel
+
+    def _agree(self, first: Any, again: Any, ref: Any) -> str | None:
+        """None if a repeated run's output matches the first (bitwise for deterministic families, else within the
+        tolerance of the reference); else how many elements differ."""
+        torch = self.torch
+        if self.settings["deterministic"]:
+            diff = as_bits(first) != as_bits(again)
+            kind = "bitwise"
+        else:
+            atol, rtol = self.task.tolerance()
+            diff = (first.to(torch.float64) - again.to(torch.float64)).abs() > atol + rtol * ref.to(first.device).abs()
+            kind = "beyond tolerance"
+        n = int(diff.sum())
+        return f"{n} of {diff.numel()} elements differ {kind}" if n else None
+
+    def _unwritten(self, out: Any) -> int:
+        """Outputs still holding the NaN poison (or made NaN/Inf) after a call."""
+        return int((~self.torch.isfinite(out)).sum()) if out.is_floating_point() else 0
+
+    def _verify_memory(self, s: InputSet, out: Guarded, where: str) -> None:
+        bad = out.damage("output") or s.inputs.verify()
+        if bad:
+            raise Rejected(f"{bad} on {where}")
+
+    def check(self, module: Any, candidate_hash: str) -> tuple[float, float, dict[str, float]]:
+        """Run every check set `check_runs` times (output poisoned each time); the first run must match the
+        reference (then the task's extra check), later runs must write every output again and agree with the first;
+        inputs and guard bands must be untouched. Returns the worst errors and the extra checks' metrics (worst over
+        the sets); raises Rejected on the first failure."""
+        runs = int(self.settings["check_runs"])
         sets = list(self.sets)
         for e in self.task.entries:
             if e.fresh:
                 for k in range(e.checks):
-                    s = self._seed(e.name, k, candidate_hash)
-                    inputs = self.task.make_inputs(e.shape, s)
-                    sets.append({"entry": e, "seed": s, "inputs": inputs, "ref": self.task.reference(inputs)})
+                    sets.append(self._input_set(e, self._seed(e.name, k, candidate_hash), with_ref=True))
         worst_abs = worst_rel = 0.0
         extra: dict[str, float] = {}
-        for cs in sets:
-            out = self.task.new_output(cs["inputs"])
-            self.task.launch(module, cs["inputs"], out)
+        for s in sets:
+            out = self._output(s)
+            first = None
+            for r in range(runs):
+                self._poison(out.tensor)
+                self.task.launch(module, s.inputs, out.tensor)
+                self._sync()
+                where = s.where if runs == 1 else f"{s.where}, run {r + 1} of {runs}"
+                self._verify_memory(s, out, where)
+                if first is None:
+                    max_abs, max_rel = self._against_reference(out.tensor, s.ref, where)
+                    worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
+                    ok, reason, more = self.task.extra_check(s.entry.shape, s.inputs.pristine, out.tensor, s.ref)
+                    for k, v in more.items():
+                        extra[k] = max(extra.get(k, v), v)
+                    if not ok:
+                        raise Rejected(f"{reason} on {where}")
+                    first = out.tensor.clone()
+                    continue
+                unwritten = self._unwritten(out.tensor)
+                if unwritten:
+                    raise Rejected(f"stale output: run {r + 1} of {runs} left {unwritten} of {out.tensor.numel()} "
+                                   f"outputs unwritten (NaN) on {s.where}")
+                diff = self._agree(first, out.tensor, s.ref)
+                if diff:
+                    raise Rejected(f"nondeterministic: run {r + 1} of {runs} differs from run 1 ({diff}) on "
+                                   f"{s.where}")
+        return worst_abs, worst_rel, extra
+
+    def timed_runs(self, module: Any, candidate_hash: str) -> dict[str, dict[str, Any]]:
+        """Time the candidate on every timed shape. Outside the timed region: the output of the last call and of
+        `check_calls - 1` random others is poisoned before and kept after the call, and (deterministic families)
+        every call's output is fingerprinted. Afterwards the kept outputs must match the reference, every call
+        must agree, and inputs and guard bands must be untouched. Raises Rejected; returns timings per shape."""
+        torch = self.torch
+        st = self.settings
+        warmup, repeats = int(st["warmup"]), int(st["repeats"])
+        total = warmup + repeats
+        rng = random.Random(f"{self.seed}/{candidate_hash}")
+        per_shape: dict[str, dict[str, Any]] = {}
+        for name, s in self.timed.items():
+            out = self._output(s)
+            sample = {total - 1, *rng.sample(range(warmup, total - 1), min(int(st["check_calls"]) - 1, repeats - 1))}
+            kept: dict[int, Any] = {}
+            sums = torch.zeros(total, dtype=torch.int64, device=out.tensor.device) if st["deterministic"] else None
+
+            def before(i: int, out=out, sample=sample) -> None:
+                if i in sample:
+                    self._poison(out.tensor)
+
+            def after(i: int, out=out, sample=sample, kept=kept, sums=sums) -> None:
+                if sums is not None:
+                    sums[i] = checksum(out.tensor)
+                if i in sample:
+                    kept[i] = out.tensor.clone()
+
+            per_shape[name] = self._time(lambda s=s, out=out: self.task.launch(module, s.inputs, out.tensor),
+                                         before, after)
             self._sync()
-            got = out.to(torch.float64)
-            ref = cs["ref"].to(got.device)
-            where = f"shape {cs['entry'].name} (seed {cs['seed']})"
-            bad_values = ~torch.isfinite(got)
-            if bad_values.any():
-                n = int(bad_values.sum())
-                return False, f"{n} of {got.numel()} outputs NaN/Inf (unwritten or invalid) on {where}", math.inf, \
-                    math.inf, extra
-            err = (got - ref).abs()
-            max_abs = float(err.max()) if err.numel() else 0.0
-            rel = err / ref.abs().clamp_min(atol)
-            max_rel = float(rel.max()) if rel.numel() else 0.0
-            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
-            over = err > atol + rtol * ref.abs()
-            if over.any():
-                idx = int(torch.argmax(err.flatten()))
-                return False, (f"max abs err {max_abs:.3e} (rel {max_rel:.3e}) > tol (atol {atol:g}, rtol {rtol:g}) "
-                               f"on {where}, {int(over.sum())} elements off, worst at flat index {idx}"), \
-                    max_abs, max_rel, extra
-            ok, reason, more = self.task.extra_check(cs["entry"].shape, cs["inputs"], out, ref)
-            for k, v in more.items():
-                extra[k] = max(extra.get(k, v), v)
-            if not ok:
-                return False, f"{reason} on {where}", worst_abs, worst_rel, extra
-        return True, "", worst_abs, worst_rel, extra
+            self._verify_memory(s, out, f"shape {name} after timing")
+            for i in sorted(kept):
+                unwritten = self._unwritten(kept[i])
+                if unwritten:
+                    raise Rejected(f"stale output: timed call {i + 1} of {total} left {unwritten} of "
+                                   f"{kept[i].numel()} outputs unwritten (NaN) on shape {name}")
+            if sums is not None:
+                values = sums.tolist()
+                common = max(values.count(v) for v in set(values))
+                if common != total:
+                    raise Rejected(f"nondeterministic: {total - common} of {total} runs on shape {name} differ "
+                                   "bitwise from the others")
+            ref = self._ref(s)
+            for i in sorted(kept):
+                self._against_reference(kept[i], ref, f"shape {name}, timed call {i + 1} of {total}")
+            per_shape[name]["checked_calls"] = len(kept)
+            per_shape[name]["fingerprinted_calls"] = total if sums is not None else 0
+        return per_shape
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         from evoengineer.build.compile import load_module
@@ -136,20 +291,31 @@ class Session:
             module = load_module(msg["so"], msg["module"])
         except ImportError as exc:
             return {"status": "link_error", "reason": f"does not load: {exc}"[:400], "metrics": {}}
-        ok, reason, max_abs, max_rel, extra = self.check(module, msg["hash"])
-        metrics: dict[str, Any] = {"max_abs_err": max_abs, "max_rel_err": max_rel, **extra}
-        if not ok:
-            return {"status": "wrong", "reason": reason, "metrics": metrics}
-        per_shape = {}
-        for name, inputs in self.timed.items():
-            out = self.task.new_output(inputs)
-            per_shape[name] = self._time(lambda: self.task.launch(module, inputs, out))
+        return self.evaluate_module(module, msg["hash"])
+
+    def evaluate_module(self, module: Any, candidate_hash: str) -> dict[str, Any]:
+        """Check, then time, one loaded candidate; the reply the parent records."""
+        metrics: dict[str, Any] = {}
+        try:
+            max_abs, max_rel, extra = self.check(module, candidate_hash)
+            metrics.update(max_abs_err=max_abs, max_rel_err=max_rel, **extra)
+            per_shape = self.timed_runs(module, candidate_hash)
+        except Rejected as r:
+            return {"status": "wrong", "reason": r.reason, "metrics": metrics}
+        finally:
+            self._restore_inputs()
         p = {q: sum(t[q] for t in per_shape.values()) for q in ("p50", "p90", "p99")}
         metrics.update(time_us=p["p50"], time_p90_us=p["p90"], time_p99_us=p["p99"],
-                       timing=next(iter(per_shape.values()))["cache"], repeats=int(self.task.settings["repeats"]),
-                       shapes={n: {"p50_us": t["p50"], "p90_us": t["p90"], "p99_us": t["p99"]}
+                       timing=next(iter(per_shape.values()))["cache"], repeats=int(self.settings["repeats"]),
+                       check_runs=int(self.settings["check_runs"]),
+                       shapes={n: {"p50_us": t["p50"], "p90_us": t["p90"], "p99_us": t["p99"],
+                                   "checked_calls": t["checked_calls"],
+                                   "fingerprinted_calls": t["fingerprinted_calls"]}
                                for n, t in per_shape.items()})
-        base = self._baselines()
+        try:
+            base = self._baselines()
+        finally:
+            self._restore_inputs()
         if base:
             first = next(iter(base))
             metrics["baseline"] = first

@@ -19,6 +19,12 @@ from evoengineer.evaluators.base import Evaluator
 from evoengineer.space.spec import SearchSpace
 
 
+def _has_verdict(rec: CandidateRecord) -> bool:
+    """A final sanitizer verdict is stored with the record (an unknown one is asked again next time)."""
+    v = rec.metrics.get("sanitizer")
+    return isinstance(v, dict) and v.get("status") in ("clean", "failed")
+
+
 class Observer(Protocol):
     def on_evaluation(self, runner: "Runner", record: CandidateRecord) -> None: ...
     def on_generation(self, runner: "Runner", generation: int, stats: dict[str, Any]) -> None: ...
@@ -167,9 +173,47 @@ class Runner:
         self.publish(self.best(self.settings.elite), g, finished=True, stats={"gen": g, "stop": reason})
 
     # ---- results --------------------------------------------------------------------------------------------------
+    def certified(self, proposed: Sequence[str]) -> list[str]:
+        """The proposed elites, run under the evaluator's sanitizer first (all at once; once per candidate: the
+        verdict is stored). One it finds fault with becomes `sanitizer_error` and the next best correct candidate
+        takes its place (certified in turn)."""
+        want = len(proposed)
+        ranked = [*proposed, *(h for h in self.best(len(self.records)) if h not in set(proposed))]
+        chosen: list[str] = []
+        i = 0
+        while len(chosen) < want and i < len(ranked):
+            batch: list[CandidateRecord] = []
+            while i < len(ranked) and len(chosen) + len(batch) < want:
+                rec = self.records.get(ranked[i])
+                i += 1
+                if rec is not None and rec.status == "ok":
+                    batch.append(rec)
+            self._sanitize([r for r in batch if not _has_verdict(r)])
+            chosen += [r.hash for r in batch if r.status == "ok"]
+        return chosen
+
+    def _sanitize(self, recs: Sequence[CandidateRecord]) -> None:
+        """Ask the evaluator's sanitizer about `recs`; store each verdict (a failure turns the record into
+        `sanitizer_error`)."""
+        if not recs:
+            return
+        verdicts = self.evaluator.sanitize([self.factory.make(r.params) for r in recs])
+        for rec in recs:
+            verdict = verdicts.get(rec.hash)
+            if verdict is None:
+                continue
+            rec.metrics = {**rec.metrics, "sanitizer": verdict}
+            if verdict["status"] == "failed":
+                rec.status, rec.reason = "sanitizer_error", verdict["reason"]
+            self.store.update_verdict(self.run.id, rec.hash, status=rec.status, reason=rec.reason,
+                                      metrics=rec.metrics)
+
     def publish(self, elite_hashes: Sequence[str], generation: int, *, finished: bool = False,
                 stats: dict[str, Any] | None = None) -> None:
-        """Record the elites in the store, rewrite elite.json atomically, tell the observers."""
+        """Record the elites in the store, rewrite elite.json atomically, tell the observers. The finished run's
+        elites are certified first (`certified`)."""
+        if finished:
+            elite_hashes = self.certified(elite_hashes)
         self.elite_hashes = list(elite_hashes)
         self.store.set_elites(self.run.id, elite_hashes)
         elites = self.store.elites(self.run.id)  # with their sources

@@ -18,7 +18,14 @@ TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bf
 
 GENERIC_SHAPE_KEYS = ("checks", "time", "fresh")
 EVALUATION_DEFAULTS = {"warmup": 20, "repeats": 100, "timeout_s": 120.0, "init_timeout_s": 900.0,
-                       "l2_flush": True, "build_jobs": 0}
+                       "l2_flush": True, "build_jobs": 0,
+                       # integrity (evaluators/integrity.py): runs per check set that must agree, timed calls
+                       # whose output is checked against the reference (the last one and random others), whether
+                       # runs of the same inputs must agree bitwise (else within the tolerance)
+                       "check_runs": 2, "check_calls": 4, "deterministic": True,
+                       # compute-sanitizer tools each elite runs under before it is published (CUDA; [] = none)
+                       "sanitizer": ["memcheck", "racecheck", "synccheck"], "sanitizer_timeout_s": 600.0}
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 @dataclass(frozen=True)
@@ -43,11 +50,15 @@ def evaluation_settings(space: SearchSpace) -> dict[str, Any]:
         if isinstance(default, bool):
             if not isinstance(v, bool):
                 raise UserError(f"{where}.{k}: must be true or false")
+        elif isinstance(default, list):
+            if not isinstance(v, list) or any(t not in SANITIZER_TOOLS for t in v) or len(set(v)) != len(v):
+                raise UserError(f"{where}.{k}: a list of distinct tools among {', '.join(SANITIZER_TOOLS)}")
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise UserError(f"{where}.{k}: must be a non-negative number")
         out[k] = v
-    if out["repeats"] < 1:
-        raise UserError(f"{where}.repeats: must be at least 1")
+    for k in ("repeats", "check_runs", "check_calls"):
+        if out[k] < 1 or out[k] != int(out[k]):
+            raise UserError(f"{where}.{k}: must be a whole number, at least 1")
     return out
 
 

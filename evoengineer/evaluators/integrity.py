@@ -1,0 +1,136 @@
+"""What keeps a candidate from harming its inputs, its neighbours' memory, or passing by luck.
+
+* `Guarded`: a tensor placed inside a larger allocation whose bytes before and after it hold a random canary
+  pattern; a write past either end changes the pattern and is reported with its distance in elements.
+* `ProtectedInputs`: an input set whose tensors live in guarded allocations, with a pristine copy of every one; after
+  a candidate ran, `verify` says which input it changed (or wrote past) and `restore` puts the pristine bytes back,
+  so nothing one candidate does carries over to the next.
+* `checksum`: a bitwise fingerprint of an output, cheap enough to take after every timed call (outside the timed
+  region), so runs of the same inputs can be compared without keeping every output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Mapping
+
+import torch
+
+#: Canary bytes on each side of a guarded tensor (a multiple of 256, so the tensor keeps the allocator's alignment).
+GUARD_BYTES = 64 * 1024
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """`t` reinterpreted as integers of its element size (flat), for bitwise comparisons; NaN == NaN there."""
+    flat = t.reshape(-1)
+    return flat.view(_INT_VIEW[flat.element_size()]) if flat.dtype != torch.bool else flat.view(torch.uint8)
+
+
+def checksum(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d int64 tensor on `t`'s device: the sum of its elements' bit patterns (any single change moves it).
+    Computed asynchronously on a GPU; nothing is read back until the caller asks."""
+    return as_bits(t).sum(dtype=torch.int64)
+
+
+class Guarded:
+    """A tensor of `shape`/`dtype` inside an allocation with `guard` canary bytes before and after it.
+
+    `tensor` is an ordinary contiguous tensor (a view into the allocation) that kernels receive as usual.
+    """
+
+    def __init__(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+                 generator: torch.Generator, guard: int = GUARD_BYTES):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = math.prod(shape) * itemsize
+        self.itemsize = itemsize
+        self.guard = guard
+        self.buf = torch.empty(2 * guard + self.nbytes, dtype=torch.uint8, device=device)
+        # random canaries (per allocation): no kernel writes these exact bytes by accident
+        pattern = torch.randint(0, 256, (2 * guard,), generator=generator, dtype=torch.uint8).to(device)
+        self.front, self.back = pattern[:guard], pattern[guard:]
+        self.tensor = self.buf[guard:guard + self.nbytes].view(dtype).view(shape)
+        self.reset_guards()
+
+    @classmethod
+    def holding(cls, t: torch.Tensor, generator: torch.Generator, guard: int = GUARD_BYTES) -> "Guarded":
+        """A guarded copy of `t`."""
+        g = cls(t.shape, t.dtype, t.device, generator, guard)
+        g.tensor.copy_(t)
+        return g
+
+    def reset_guards(self) -> None:
+        self.buf[:self.guard].copy_(self.front)
+        self.buf[self.guard + self.nbytes:].copy_(self.back)
+
+    def damage(self, what: str) -> str | None:
+        """None if both canaries are intact; else how far outside `what` the furthest changed byte lies."""
+        g, n = self.guard, self.nbytes
+        after = self.buf[g + n:]
+        if not torch.equal(after, self.back):
+            last = int(torch.nonzero(after != self.back).max())
+            return f"wrote past {what} by {last // self.itemsize + 1} elements"
+        before = self.buf[:g]
+        if not torch.equal(before, self.front):
+            first = int(torch.nonzero(before != self.front).min())
+            return f"wrote before {what} by {(g - first + self.itemsize - 1) // self.itemsize} elements"
+        return None
+
+
+class ProtectedInputs(Mapping[str, Any]):
+    """An input set as the kernel sees it (guarded tensors), with a pristine copy to verify and restore from.
+
+    Behaves as the read-only dict of inputs the task made; non-tensor values pass through unchanged.
+    """
+
+    def __init__(self, inputs: Mapping[str, Any], generator: torch.Generator, guard: int = GUARD_BYTES):
+        self._guarded: dict[str, Guarded] = {}
+        self._pristine: dict[str, torch.Tensor] = {}
+        self._live: dict[str, Any] = {}
+        for name, v in inputs.items():
+            if isinstance(v, torch.Tensor):
+                g = Guarded.holding(v.contiguous(), generator, guard)
+                self._guarded[name] = g
+                self._pristine[name] = v.detach().clone().contiguous()
+                self._live[name] = g.tensor
+            else:
+                self._live[name] = v
+
+    def __getitem__(self, key: str) -> Any:
+        return self._live[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def pristine(self) -> dict[str, Any]:
+        """The inputs as made (never handed to a candidate): what references are computed from."""
+        return {k: self._pristine.get(k, v) for k, v in self._live.items()}
+
+    def verify(self) -> str | None:
+        """None if every input and its canaries are as made; else what changed (first problem found)."""
+        for name, g in self._guarded.items():
+            bad = g.damage(f"input {name}")
+            if bad:
+                return bad
+            live, orig = as_bits(g.tensor), as_bits(self._pristine[name])
+            if not torch.equal(live, orig):
+                n = int((live != orig).sum())
+                return f"modified input {name} ({n} of {live.numel()} elements changed)"
+        return None
+
+    def restore(self) -> None:
+        """Put the pristine bytes and canaries back (cheap to call when nothing changed)."""
+        for name, g in self._guarded.items():
+            g.tensor.copy_(self._pristine[name])
+            g.reset_guards()
+
+    def verify_and_restore(self) -> str | None:
+        bad = self.verify()
+        if bad:
+            self.restore()
+        return bad
