@@ -82,10 +82,13 @@ def normalize_params(space: SearchSpace, params: dict[str, Any]) -> dict[str, An
 
 
 def candidate_hash(space: SearchSpace, params: dict[str, Any], template_sha: str) -> str:
-    """Hash of template source, params, signature, backend/arch and build flags."""
+    """Hash of template source, params, signature, task, backend/arch, build flags and static gates (a gate decides
+    whether a build passes, so relaxing one must not find the old verdict in the build cache)."""
     params = normalize_params(space, params)
     ident = {
         "template_sha256": template_sha,
+        "task": space.task,
+        "gates": {k: canonical_text(v) for k, v in sorted(space.gates.items())},
         "params": {k: canonical_text(params[k]) for k in space.names},
         "signature": {k: canonical_text(v) for k, v in sorted(space.signature.items())},
         "backend": space.backend,

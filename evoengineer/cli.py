@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from elite_store import DEFAULT_URL
+from evoengineer.store import DEFAULT_URL
 from evoengineer.errors import UserError
 
 GPU_DEFAULT_SPACE = "cuda_msda_fp16"
@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--run", type=_positive_int, nargs="+", action="extend", metavar="ID",
                     help="runs to report (default: every run in the store)")
     rp.add_argument("--out", default="report", help="output folder (default report/)")
+
+    x = sub.add_parser("export", help="write an elite as a pip-installable PyTorch op package")
+    x.add_argument("file", help="elite.json")
+    x.add_argument("--rank", type=_positive_int, default=1, help="which elite (default 1, the fastest)")
+    x.add_argument("--out", required=True, help="package folder to write")
+    x.add_argument("--force", action="store_true", help="replace --out if it exists")
     return ap
 
 
@@ -141,7 +147,7 @@ def cmd_elites(a: argparse.Namespace) -> int:
     from evoengineer.elite_json import build_document
     from evoengineer.search.driver import open_store
     from evoengineer.space.spec import SearchSpace
-    from elite_store import StoreError
+    from evoengineer.store import StoreError
 
     store = open_store(a.db, create=False)
     try:
@@ -177,7 +183,7 @@ def cmd_landscape(a: argparse.Namespace) -> int:
     from evoengineer.evaluators.replay import write_landscape
     from evoengineer.search.driver import open_store
     from evoengineer.space.spec import SearchSpace
-    from elite_store import StoreError
+    from evoengineer.store import StoreError
 
     store = open_store(a.db, create=False)
     try:
@@ -199,7 +205,7 @@ def cmd_landscape(a: argparse.Namespace) -> int:
 def cmd_report(a: argparse.Namespace) -> int:
     from evoengineer.report import write_report
     from evoengineer.search.driver import open_store
-    from elite_store import StoreError
+    from evoengineer.store import StoreError
 
     store = open_store(a.db, create=False)
     if a.run:
@@ -226,8 +232,23 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(a: argparse.Namespace) -> int:
+    from evoengineer.export import FAMILIES, export
+
+    if a.rank < 1:
+        raise UserError("--rank: must be at least 1")
+    folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    task = json.loads((folder / package / "kernel.json").read_text())["build"]["task"]
+    print(f"wrote {folder}/ (package {package}): pip install {folder}   then   "
+          f"from {package} import {FAMILIES[task][2]}")
+    return 0
+
+
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
-            "spaces": cmd_spaces, "landscape": cmd_landscape, "report": cmd_report}
+            "spaces": cmd_spaces, "landscape": cmd_landscape, "report": cmd_report,
+            "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from evoengineer.errors import UserError
+from evoengineer.fileio import atomic_open
+from evoengineer.candidate import sha256_text
 
 SCHEMA = "evoengineer/elite-v1"
 
@@ -16,7 +17,8 @@ SCHEMA = "evoengineer/elite-v1"
 def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, evaluations: int,
                    run_status: str) -> dict[str, Any]:
     """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords)."""
-    common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint}
+    common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint,
+              "build": build_record(space, run)}
     return {
         "schema": SCHEMA,
         "space": space.name,
@@ -37,10 +39,21 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "fingerprint": run.fingerprint,
         "elites": [
             {"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, "status": e.status,
-             "generation": e.generation, **_certification(e, run_status), **common, "source": e.source}
+             "generation": e.generation, **_certification(e, run_status), **common,
+             "source_sha256": sha256_text(e.source), "source": e.source}
             for i, e in enumerate(elites, start=1)
         ],
     }
+
+
+def build_record(space: Any, run: Any) -> dict[str, Any]:
+    """What an elite's source was compiled with, in a form a loader can check and rebuild from: the task and its
+    signature (the shapes and dtypes the kernel accepts), backend, arch, build flags, gates, the template and its
+    hash, and the toolchain."""
+    return {"task": space.task, "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,
+            "flags": list(space.build_flags), "cuda_flags": list(space.cuda_flags), "ldflags": list(space.ldflags),
+            "gates": dict(space.gates), "template": space.template, "template_sha256": run.template_sha256,
+            "toolchain": (run.fingerprint or {}).get("toolchain")}
 
 
 def _certification(e: Any, run_status: str) -> dict[str, Any]:
@@ -56,23 +69,12 @@ def _certification(e: Any, run_status: str) -> dict[str, Any]:
 
 
 def write_atomic(path: str | Path, doc: dict[str, Any]) -> None:
-    """Write JSON to a temp file in the same folder, fsync, then rename over `path`."""
+    """Write JSON to a temp file in the same folder, fsync, then rename over `path` (mode from the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path) as f:
+        json.dump(doc, f, indent=2, sort_keys=False)
+        f.write("\n")
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def test_elites(searched: Path, capsys):
 
 def test_elites_empty_store(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    from elite_store import Store
+    from evoengineer.store import Store
 
     Store("sqlite:///e.db").close()
     fails(capsys, ["elites", "--db", "sqlite:///e.db"], "no runs")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import CheckingEvaluator, toy_measure, write_toy_landscape
-from elite_store import Store
+from evoengineer.store import Store
 from evoengineer import elite_json
 from evoengineer.evaluators import ReplayEvaluator
 from evoengineer.search import GeneticSearch, Runner, SearchSettings

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evoengineer.build.gate import check_gates, parse_ptxas, ptxas_gate
+from evoengineer.compiler.gate import check_gates, parse_ptxas, ptxas_gate
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 

@@ -72,8 +72,8 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
 def test_persistent_cta_kernel_is_right_call_after_call(space_name: str, build_cache: Path):
     """A persistent-CTA kernel (work counter reset between launches) gives the right answer on every call: twice in a
     row, after a call on another shape (another grid), and from two replays of a CUDA graph."""
-    from evoengineer.build.builder import Builder
-    from evoengineer.build.compile import load_module
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.compiler.steps import load_module
     from evoengineer.tasks.base import get_task
     from evoengineer.tasks.sdpa import SDPAShape
 
@@ -83,7 +83,8 @@ def test_persistent_cta_kernel_is_right_call_after_call(space_name: str, build_c
     persistent = random.Random(3).sample(persistent, len(persistent))
     persistent.sort(key=lambda g: not _lean(space, g))  # the lean ones first
     factory = CandidateFactory(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=build_cache)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir=build_cache)
     try:
         module = None
         for g in persistent[:8]:

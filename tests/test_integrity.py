@@ -221,7 +221,7 @@ def test_each_fault_then_a_healthy_kernel(tmp_path: Path, build_cache: Path):
 def test_elites_are_certified_and_a_faulty_one_is_replaced(toy_dir: Path):
     import json as _json
 
-    from elite_store import Store
+    from evoengineer.store import Store
     from evoengineer.evaluators.replay import ReplayEvaluator
     from evoengineer.search import STRATEGIES
     from evoengineer.search.runner import Runner, SearchSettings

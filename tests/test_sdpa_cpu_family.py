@@ -67,14 +67,15 @@ def test_fp8_kv_kernel_is_checked_twice(tmp_path: Path, build_cache: Path, bound
 
 
 def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.build.builder import Builder
-    from evoengineer.build.compile import load_module
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.compiler.steps import load_module
     from evoengineer.tasks.base import get_task
     from evoengineer.tasks.sdpa import SDPAShape
 
     space = _space(tmp_path)
     task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=build_cache, jobs=1)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir=build_cache, jobs=1)
     try:
         r = b.submit(CandidateFactory(space).make({"FAULT": "none"})).result()
     finally:
@@ -87,11 +88,11 @@ def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
     assert mod.forward(q, k, v, ks, vs, out, False, 0.125) == 0 and not out.isnan().any()
     cases = [
         ((q[0], k, v, ks, vs, out), "q: expected 4 dimensions"),
-        ((q.float(), k, v, ks, vs, out), "q: dtype must be float16 or bfloat16"),
+        ((q.float(), k, v, ks, vs, out), "q: dtype float32, but this kernel was compiled for float16"),
         ((q, k, v, ks, vs, out.bfloat16()), "out: dtype"),
-        ((q, k.bfloat16(), v.bfloat16(), ks, vs, out), "k, v: dtype must be q's dtype or float8_e4m3fn"),
+        ((q, k.bfloat16(), v.bfloat16(), ks, vs, out), "k: dtype bfloat16, but this kernel was compiled for float16"),
         ((q.bfloat16(), k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), ks, vs, out.bfloat16()),
-         "FP8 KV only with a float16 q"),
+         "q: dtype bfloat16, but this kernel was compiled for float16"),
         ((q, k, v.float(), ks, vs, out), "v: dtype"),
         ((q, k, v, ks.double(), vs, out), "must be float32"),
         ((q, k, v, ks[:2], vs, out), "k_scale, v_scale: expected [H]"),
@@ -101,10 +102,10 @@ def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
         ((q, k, v, ks, vs, out[:, :, :4].contiguous()), "out: expected the shape of q"),
         ((q.transpose(2, 3), k, v, ks, vs, out), "q: must be contiguous"),
         ((q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous(), ks, vs,
-          out[..., :32].contiguous()), "head dim 32"),
+          out[..., :32].contiguous()), "q: head dim 32 \\(size 3\\), but this kernel was compiled for head dim 64"),
     ]
     for args, msg in cases:
-        with pytest.raises(RuntimeError, match=msg.replace("[", r"\[")):
+        with pytest.raises((ValueError, TypeError), match=msg.replace("[", r"\[")):
             mod.forward(*args, False, 0.125)
     empty = torch.empty(2, 3, 0, 64, dtype=torch.float16)
     assert mod.forward(empty, k, v, ks, vs, empty.clone(), True, 0.125) == 0

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from elite_store import CandidateRecord, RunInfo, Store, StoreError
-from elite_store.models import CandidateRow
+from evoengineer.store import CandidateRecord, RunInfo, Store, StoreError
+from evoengineer.store.models import CandidateRow
 
 RUN = dict(space_name="toy", space_path="toy_space.toml", space_text="name = 'toy'\n", template="toy.cpp.j2",
            template_sha256="ab" * 32, config={"population": 8, "evaluator": {"kind": "replay"}}, seed=7,
@@ -310,7 +310,7 @@ def test_schema_version_mismatch(tmp_path: Path):
 
 def test_concurrent_duplicate_insert_keeps_the_first(store: Store, monkeypatch):
     """A second writer racing on the same hash: the unique constraint trips, and the first record stands."""
-    import elite_store.store as st
+    import evoengineer.store.store as st
 
     rid = store.create_run(**RUN)
     store.record_candidate(rid, rec(1, 5.0))

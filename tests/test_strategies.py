@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CheckingEvaluator
-from elite_store import Store
+from evoengineer.store import Store
 from evoengineer.cli import main
 from evoengineer.evaluators import ReplayEvaluator
 from evoengineer.search import STRATEGIES, OptunaSearch, RandomSearch, Runner, SearchSettings

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer import ROOT
-from evoengineer.build.builder import Builder, BuildResult, default_cache_dir
+from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.candidate import Candidate
 from evoengineer.evaluators.base import Evaluator, Measurement
 from evoengineer.space.spec import SearchSpace
@@ -137,8 +137,8 @@ class LocalEvaluator(Evaluator):
         self.seed = seed
         jobs = build_jobs or int(self.settings["build_jobs"]) or os.cpu_count() or 1
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding, cache_dir=self.cache_dir,
-                               jobs=jobs)
+        self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding,
+                               signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs)
         self.worker: WorkerProcess | None = None
         self.workers_started = 0
         self._baseline_builds: list[dict[str, str]] | None = None

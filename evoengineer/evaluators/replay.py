@@ -149,26 +149,15 @@ EXPORT_METRICS = ("time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_a
 def write_landscape(space: SearchSpace, records: list[Any], path: str | Path) -> int:
     """Write evaluated candidates (CandidateRecords of `space`) as a landscape CSV the replay evaluator reads.
     Returns the number of rows. Written to a temp file and renamed, so a failure leaves no half file."""
-    import os
-    import tempfile
+    from evoengineer.fileio import atomic_open
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow([*space.names, "status", "time_us", *EXPORT_METRICS, "reason"])
-            for r in records:
-                m = r.metrics
-                cells = [canonical_text(r.params[n]) for n in space.names]
-                t = m.get("time_us") if r.status == OK else None
-                extra = ["" if m.get(k) is None else m.get(k) for k in EXPORT_METRICS]
-                w.writerow([*cells, r.status, "" if t is None else t, *extra, " ".join(r.reason.split())[:300]])
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*space.names, "status", "time_us", *EXPORT_METRICS, "reason"])
+        for r in records:
+            m = r.metrics
+            cells = [canonical_text(r.params[n]) for n in space.names]
+            t = m.get("time_us") if r.status == OK else None
+            extra = ["" if m.get(k) is None else m.get(k) for k in EXPORT_METRICS]
+            w.writerow([*cells, r.status, "" if t is None else t, *extra, " ".join(r.reason.split())[:300]])
     return len(records)

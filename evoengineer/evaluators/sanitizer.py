@@ -143,7 +143,7 @@ def _main(job_path: str) -> int:
 
     import torch
 
-    from evoengineer.build.compile import load_module
+    from evoengineer.compiler.steps import load_module
     from evoengineer.space.spec import SearchSpace
     from evoengineer.tasks.base import get_task
 

@@ -78,7 +78,7 @@ class Session:
         self.timed = {e.name: self._input_set(e, self._seed(e.name, 10_000), with_ref=False)
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
-        from evoengineer.build.compile import load_module
+        from evoengineer.compiler.steps import load_module
 
         self.kernels = {b["name"]: load_module(b["so"], b["module"]) for b in init.get("baselines", [])}
         for name, module in self.kernels.items():  # a baseline must be right before anything is compared to it
@@ -285,7 +285,7 @@ class Session:
         return per_shape
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from evoengineer.build.compile import load_module
+        from evoengineer.compiler.steps import load_module
 
         try:
             module = load_module(msg["so"], msg["module"])

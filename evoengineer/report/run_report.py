@@ -6,14 +6,14 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from elite_store import CandidateRecord, RunInfo, Store
+from evoengineer.store import CandidateRecord, RunInfo, Store
 from evoengineer.elite_json import elite_rows
+from evoengineer.fileio import write_text_atomic
 from evoengineer.report.convergence import best_so_far, plot_convergence
 
 
@@ -52,16 +52,6 @@ def summarize_run(store: Store, run: RunInfo) -> RunSummary:
     times = [r.time_us for r in recs]
     return RunSummary(run=run, times=times, statuses=statuses, first_reason=first_reason, elites=elites,
                       best=min(times, default=math.inf), label=run_label(run))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _table(rows: list[tuple[Any, ...]]) -> str:
@@ -136,7 +126,7 @@ def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> tupl
     page = ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>EvoEngineer report</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
     index = out / "index.html"
-    _write_atomic(index, page)
+    write_text_atomic(index, page)
     return index, summaries
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from elite_store import DEFAULT_URL, RunInfo, Store, StoreError
+from evoengineer.store import DEFAULT_URL, RunInfo, Store, StoreError
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, template_sha256
 from evoengineer.errors import UserError

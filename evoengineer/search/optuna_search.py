@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from elite_store import CandidateRecord
+from evoengineer.store import CandidateRecord
 from evoengineer.errors import UserError
 from evoengineer.search.runner import Runner
 

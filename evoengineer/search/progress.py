@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from elite_store import CandidateRecord
+from evoengineer.store import CandidateRecord
 
 
 class ProgressPrinter:

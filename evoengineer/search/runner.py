@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
-from elite_store import CandidateRecord, RunInfo, Store
+from evoengineer.store import CandidateRecord, RunInfo, Store
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, candidate_hash
 from evoengineer.errors import UserError

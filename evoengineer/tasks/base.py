@@ -113,6 +113,11 @@ class Task(ABC):
     def launch(self, module: Any, inputs: Inputs, out: torch.Tensor) -> None:
         """Run the candidate once (asynchronously on GPU); raise RuntimeError on a non-zero status."""
 
+    def binding_signature(self) -> str:
+        """What the family binding checks every call against: "KEY=VALUE;..." of the signature constants that fix
+        the inputs a kernel accepts (shapes, dtypes)."""
+        return ""
+
     def output_dtype(self) -> torch.dtype:
         return torch.float32
 

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from evoengineer.errors import UserError
+from evoengineer.ops.msda_reference import msda_reference
 from evoengineer.tasks.base import Task
-import torch.nn.functional as F
 
 __all__ = [
     "INPUT_KEYS",
@@ -235,36 +235,10 @@ def make_inputs(
 
 
 def reference(inputs: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """MSDA forward via ``F.grid_sample`` (one call per level over ``N * M`` batches).
-
-    Computes in ``dtype`` (float32 or float64; inputs are cast first) on the inputs' device and
-    returns ``[N, Lq, M * D]`` in ``dtype``.
-    """
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"reference computes in float32 or float64, not {dtype}")
-    value = inputs["value"].to(dtype)
-    loc = inputs["sampling_locations"].to(dtype)
-    attn = inputs["attention_weights"].to(dtype)
-    levels = inputs["spatial_shapes"].tolist()
-    starts = inputs["level_start_index"].tolist()
-    N, _, M, D = value.shape
-    Lq, P = loc.shape[1], loc.shape[4]
-
-    # [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2]; grid_sample wants coordinates in [-1, 1].
-    grids = (2.0 * loc - 1.0).permute(0, 2, 3, 1, 4, 5)
-    # [N, Lq, M, L, P] -> [N, M, L, 1, Lq, P]
-    attn = attn.permute(0, 2, 3, 1, 4).unsqueeze(3)
-
-    out = None
-    for l, ((h, w), s0) in enumerate(zip(levels, starts)):
-        # [N, H*W, M, D] -> [N*M, D, H, W]
-        v = value[:, s0 : s0 + h * w].permute(0, 2, 3, 1).reshape(N * M, D, h, w)
-        grid = grids[:, :, l].reshape(N * M, Lq, P, 2)
-        sampled = F.grid_sample(v, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        contrib = (sampled * attn[:, :, l].reshape(N * M, 1, Lq, P)).sum(-1)  # [N*M, D, Lq]
-        out = contrib if out is None else out + contrib
-    # [N*M, D, Lq] -> [N, Lq, M*D]
-    return out.view(N, M, D, Lq).permute(0, 3, 1, 2).reshape(N, Lq, M * D)
+    """MSDA forward via ``F.grid_sample`` (one call per level over ``N * M`` batches; evoengineer/ops/msda_reference.py,
+    also what exported ops fall back on). Computes in ``dtype`` (float32 or float64; inputs are cast first) on the
+    inputs' device and returns ``[N, Lq, M * D]`` in ``dtype``."""
+    return msda_reference(*(inputs[k] for k in INPUT_KEYS), dtype=dtype)
 
 
 def reference_loop_f64(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -351,7 +325,12 @@ class MSDATask(Task):
         if dtype_name not in _DTYPES:
             raise UserError(f"{where}.VALUE_DTYPE: one of {', '.join(_DTYPES)}")
         self.value_dtype = _DTYPES[dtype_name]
+        self.value_dtype_name = dtype_name
         super().__init__(space)
+
+    def binding_signature(self):
+        sig = self.space.signature
+        return f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
 
     def parse_shape(self, d):
         shape = MSDAShape.from_dict(d)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from evoengineer import SPACES_DIR  # noqa: E402
-from evoengineer.build.builder import Builder  # noqa: E402
-from evoengineer.build.compile import load_module  # noqa: E402
+from evoengineer.compiler.builder import Builder  # noqa: E402
+from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.candidate import CandidateFactory, fixed_candidate  # noqa: E402
 from evoengineer.evaluators.timing import time_callable  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -41,7 +41,7 @@ def copy_bandwidth() -> float:
 
 def build(space, params: dict, cache: Path):
     task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=cache)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), cache_dir=cache)
     try:
         elite = b.submit(CandidateFactory(space).make(params)).result()
         classic = b.submit(fixed_candidate(space, "cuda/msda_classic.cu.j2", "classic")).result()

@@ -34,8 +34,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from evoengineer import SPACES_DIR  # noqa: E402
-from evoengineer.build.builder import Builder  # noqa: E402
-from evoengineer.build.compile import load_module  # noqa: E402
+from evoengineer.compiler.builder import Builder  # noqa: E402
+from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.evaluators.timing import time_callable  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -59,7 +59,7 @@ def load_doc(path: str) -> tuple[dict, object]:
 
 def build(space, params_list: list[dict], cache: Path) -> tuple[object, list]:
     task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, cache_dir=cache)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), cache_dir=cache)
     factory = CandidateFactory(space)
     try:
         results = [f.result() for f in [b.submit(factory.make(p)) for p in params_list]]

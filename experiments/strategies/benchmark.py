@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from elite_store import Store  # noqa: E402
+from evoengineer.store import Store  # noqa: E402
 from evoengineer.evaluators.replay import ReplayEvaluator  # noqa: E402
 from evoengineer.report.convergence import best_so_far  # noqa: E402
 from evoengineer.search import STRATEGIES, Runner, SearchSettings  # noqa: E402

@@ -1,22 +1,83 @@
-// Shared by the family bindings: wraps a candidate's kernel entry point in a Python extension module.
+// Shared by the family bindings: wraps a candidate's kernel entry point in a Python extension module, and reads the
+// signature the candidate was compiled for ("KEY=VALUE;KEY=VALUE", written by the build shim).
 #pragma once
 #include <torch/extension.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 
-// Creates extension module `name` and lets `define(module)` add its functions. The module definition and its name
-// must outlive the module: they are leaked on purpose (one per candidate).
+using EvoSignature = std::map<std::string, std::string>;
+
+inline EvoSignature evo_parse_signature(const char* text) {
+  EvoSignature sig;
+  std::string s(text ? text : "");
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(';', start);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(start, end - start);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) sig[item.substr(0, eq)] = item.substr(eq + 1);
+    start = end + 1;
+  }
+  return sig;
+}
+
+inline int64_t evo_signature_int(const EvoSignature& sig, const char* key) {
+  auto it = sig.find(key);
+  TORCH_CHECK(it != sig.end(), "candidate signature has no ", key);
+  return std::strtoll(it->second.c_str(), nullptr, 10);
+}
+
+inline at::ScalarType evo_dtype_named(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float8_e4m3") return at::ScalarType::Float8_e4m3fn;
+  TORCH_CHECK(false, "candidate signature names an unknown dtype ", name);
+}
+
+// The dtype as torch spells it in Python (float16, not Half), for error messages.
+inline std::string evo_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kDouble: return "float64";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    default: return std::string(c10::toString(t));
+  }
+}
+
+inline at::ScalarType evo_signature_dtype(const EvoSignature& sig, const char* key, const char* fallback) {
+  auto it = sig.find(key);
+  return evo_dtype_named(it == sig.end() ? std::string(fallback) : it->second);
+}
+
+// Creates extension module `name` (with `signature` as a dict attribute) and lets `define(module)` add its
+// functions. The module definition and its name must outlive the module: they are leaked on purpose (one per
+// candidate).
 template <typename Define>
-PyObject* evo_make_candidate_module(const char* name, const char* doc, Define define) {
+PyObject* evo_make_candidate_module(const char* name, const char* doc, const char* signature, Define define) {
   auto* def = new pybind11::module_::module_def();
   std::memset(def, 0, sizeof(*def));
   const char* owned_name = strdup(name);
   try {
     auto m = pybind11::module_::create_extension_module(owned_name, doc, def);
+    pybind11::dict sig;
+    for (const auto& kv : evo_parse_signature(signature)) sig[pybind11::str(kv.first)] = pybind11::str(kv.second);
+    m.attr("signature") = sig;
     define(m);
     return m.release().ptr();
   } catch (pybind11::error_already_set& e) {
     e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ImportError, e.what());
     return nullptr;
   }
 }

@@ -1,14 +1,17 @@
 // Torch binding of the MSDA family, compiled ONCE per family and toolchain (it is the slow part: torch headers).
-// Each candidate's shared library links against it and, from its PyInit_<name>, hands over its kernel entry point;
-// this file turns that pointer into a Python module with `forward(...)`.
+// Each candidate's shared library links against it and, from its PyInit_<name>, hands over its kernel entry point
+// and the signature it was compiled for; this file turns that into a Python module with `forward(...)` that refuses,
+// with a ValueError/TypeError naming the argument and both values, any input the kernel was not compiled for.
 #include <torch/extension.h>
 
 #include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
-#include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 
 namespace {
@@ -18,58 +21,156 @@ using MsdaForwardFn = int (*)(const void* value, const int64_t* spatial_shapes, 
                               const float* sampling_locations, const float* attention_weights, void* output,
                               int64_t N, int64_t S, int64_t M, int64_t Lq, void* stream);
 
-void expect(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
-  TORCH_CHECK(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim());
-  TORCH_CHECK(t.is_contiguous(), name, ": must be contiguous");
-  TORCH_CHECK(t.device() == device, name, ": on ", t.device(), ", expected ", device);
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// What the kernel was compiled for (the space's signature), plus the index tensors last found valid: the same
+// tensor objects, unmodified since (version counter), are not read back again (on a GPU that read is a sync).
+struct MsdaState {
+  MsdaForwardFn fn;
+  int64_t L, P, D;
+  at::ScalarType value_dtype;
+  std::string signature;
+  std::optional<WeakImpl> shapes_ok, starts_ok;
+  uint32_t shapes_version = 0, starts_version = 0;
+};
+
+void expect(const torch::Tensor& t, const char* name, int64_t dim, const char* layout, const torch::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions ", layout, ", got ", t.dim(), " (shape ",
+                    t.sizes(), ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", value is on ", device);
 }
 
-int forward(MsdaForwardFn fn, const torch::Tensor& value, const torch::Tensor& spatial_shapes,
+void expect_size(const torch::Tensor& t, const char* name, int64_t dim, int64_t want, const char* what) {
+  TORCH_CHECK_VALUE(t.size(dim) == want, name, ": size ", dim, " (", what, ") is ", t.size(dim), ", expected ", want,
+                    " (shape ", t.sizes(), ")");
+}
+
+bool same_as(const std::optional<WeakImpl>& seen, uint32_t version, const torch::Tensor& t) {
+  if (!seen) return false;
+  auto alive = seen->lock();
+  return alive.defined() && alive.get() == t.unsafeGetTensorImpl() && t._version() == version;
+}
+
+// spatial_shapes (H, W >= 1 per level) and level_start_index (the running sum of H * W) must describe `value`'s S
+// positions exactly: anything else sends the kernel outside `value`.
+void check_levels(MsdaState& st, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
+                  int64_t S) {
+  if (same_as(st.shapes_ok, st.shapes_version, spatial_shapes) &&
+      same_as(st.starts_ok, st.starts_version, level_start_index))
+    return;
+#ifdef EVO_WITH_CUDA
+  // inside CUDA graph capture nothing may be read back: the shapes were (or will be) checked on an eager call
+  if (spatial_shapes.is_cuda() &&
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return;
+#endif
+  const auto hw = spatial_shapes.cpu();
+  const auto starts = level_start_index.cpu();
+  const auto* h = hw.data_ptr<int64_t>();
+  const auto* s0 = starts.data_ptr<int64_t>();
+  int64_t total = 0;
+  for (int64_t l = 0; l < st.L; ++l) {
+    TORCH_CHECK_VALUE(h[2 * l] >= 1 && h[2 * l + 1] >= 1, "spatial_shapes[", l, "] = (", h[2 * l], ", ",
+                      h[2 * l + 1], "): H and W must be at least 1");
+    TORCH_CHECK_VALUE(s0[l] == total, "level_start_index[", l, "] = ", s0[l], ", expected ", total,
+                      " (the sum of H * W of the levels before it)");
+    TORCH_CHECK_VALUE(h[2 * l] <= S && h[2 * l + 1] <= S && h[2 * l] * h[2 * l + 1] <= S - total,
+                      "spatial_shapes: levels 0..", l, " hold more than value's S = ", S, " positions");
+    total += h[2 * l] * h[2 * l + 1];
+  }
+  TORCH_CHECK_VALUE(total == S, "spatial_shapes: the levels hold ", total, " positions, value has S = ", S);
+  st.shapes_ok.emplace(spatial_shapes.getIntrusivePtr());
+  st.starts_ok.emplace(level_start_index.getIntrusivePtr());
+  st.shapes_version = spatial_shapes._version();
+  st.starts_version = level_start_index._version();
+}
+
+int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spatial_shapes,
             const torch::Tensor& level_start_index, const torch::Tensor& loc, const torch::Tensor& attn,
             torch::Tensor& out) {
   const auto device = value.device();
-  expect(value, "value", 4, device);
-  expect(loc, "sampling_locations", 6, device);
-  expect(attn, "attention_weights", 5, device);
-  expect(out, "output", 3, device);
-  expect(spatial_shapes, "spatial_shapes", 2, device);
-  expect(level_start_index, "level_start_index", 1, device);
-  TORCH_CHECK(spatial_shapes.scalar_type() == torch::kLong && level_start_index.scalar_type() == torch::kLong,
-              "spatial_shapes and level_start_index must be int64");
-  TORCH_CHECK(loc.scalar_type() == torch::kFloat && attn.scalar_type() == torch::kFloat,
-              "sampling_locations and attention_weights must be float32");
-  TORCH_CHECK(out.scalar_type() == value.scalar_type(), "output dtype must match value dtype");
-  const int64_t N = value.size(0), S = value.size(1), M = value.size(2), D = value.size(3);
-  const int64_t Lq = loc.size(1), L = loc.size(3), P = loc.size(4);
-  TORCH_CHECK(loc.size(0) == N && loc.size(2) == M && loc.size(5) == 2, "sampling_locations: expected [N, Lq, M, L, P, 2]");
-  TORCH_CHECK(attn.size(0) == N && attn.size(1) == Lq && attn.size(2) == M && attn.size(3) == L && attn.size(4) == P,
-              "attention_weights: expected [N, Lq, M, L, P]");
-  TORCH_CHECK(spatial_shapes.size(0) == L && spatial_shapes.size(1) == 2 && level_start_index.size(0) == L,
-              "spatial_shapes [L, 2] and level_start_index [L] must match L of sampling_locations");
-  TORCH_CHECK(out.size(0) == N && out.size(1) == Lq && out.size(2) == M * D, "output: expected [N, Lq, M*D]");
+#ifdef EVO_WITH_CUDA
+  TORCH_CHECK_VALUE(device.is_cuda(), "value: on ", device, ", this CUDA kernel needs CUDA tensors");
+#else
+  TORCH_CHECK_VALUE(device.is_cpu(), "value: on ", device, ", this CPU kernel needs CPU tensors");
+#endif
+  expect(value, "value", 4, "[N, S, M, D]", device);
+  expect(loc, "sampling_locations", 6, "[N, Lq, M, L, P, 2]", device);
+  expect(attn, "attention_weights", 5, "[N, Lq, M, L, P]", device);
+  expect(out, "output", 3, "[N, Lq, M * D]", device);
+  expect(spatial_shapes, "spatial_shapes", 2, "[L, 2]", device);
+  expect(level_start_index, "level_start_index", 1, "[L]", device);
+  TORCH_CHECK_TYPE(value.scalar_type() == st.value_dtype, "value: dtype ", evo_dtype_name(value.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(st.value_dtype), " (", st.signature, ")");
+  TORCH_CHECK_TYPE(out.scalar_type() == st.value_dtype, "output: dtype ", evo_dtype_name(out.scalar_type()),
+                   ", expected ", evo_dtype_name(st.value_dtype), " (the dtype of value)");
+  TORCH_CHECK_TYPE(spatial_shapes.scalar_type() == torch::kLong, "spatial_shapes: dtype ",
+                   evo_dtype_name(spatial_shapes.scalar_type()), ", expected int64");
+  TORCH_CHECK_TYPE(level_start_index.scalar_type() == torch::kLong, "level_start_index: dtype ",
+                   evo_dtype_name(level_start_index.scalar_type()), ", expected int64");
+  TORCH_CHECK_TYPE(loc.scalar_type() == torch::kFloat, "sampling_locations: dtype ",
+                   evo_dtype_name(loc.scalar_type()),
+                   ", expected float32");
+  TORCH_CHECK_TYPE(attn.scalar_type() == torch::kFloat, "attention_weights: dtype ",
+                   evo_dtype_name(attn.scalar_type()),
+                   ", expected float32");
+  const int64_t N = value.size(0), S = value.size(1), M = value.size(2), Lq = loc.size(1);
+  TORCH_CHECK_VALUE(value.size(3) == st.D, "value: head dim D = ", value.size(3),
+                    " (size 3), but this kernel was compiled for D = ", st.D, " (", st.signature, ")");
+  TORCH_CHECK_VALUE(loc.size(3) == st.L, "sampling_locations: L = ", loc.size(3),
+                    " levels (size 3), but this kernel was compiled for L = ", st.L, " (", st.signature, ")");
+  TORCH_CHECK_VALUE(loc.size(4) == st.P, "sampling_locations: P = ", loc.size(4),
+                    " points (size 4), but this kernel was compiled for P = ", st.P, " (", st.signature, ")");
+  expect_size(loc, "sampling_locations", 0, N, "N, from value");
+  expect_size(loc, "sampling_locations", 2, M, "M, from value");
+  expect_size(loc, "sampling_locations", 5, 2, "(x, y)");
+  const int64_t want_attn[5] = {N, Lq, M, st.L, st.P};
+  const char* attn_what[5] = {"N, from value", "Lq, from sampling_locations", "M, from value", "L", "P"};
+  for (int d = 0; d < 5; ++d) expect_size(attn, "attention_weights", d, want_attn[d], attn_what[d]);
+  expect_size(spatial_shapes, "spatial_shapes", 0, st.L, "L");
+  expect_size(spatial_shapes, "spatial_shapes", 1, 2, "(H, W)");
+  expect_size(level_start_index, "level_start_index", 0, st.L, "L");
+  expect_size(out, "output", 0, N, "N, from value");
+  expect_size(out, "output", 1, Lq, "Lq, from sampling_locations");
+  expect_size(out, "output", 2, M * st.D, "M * D");
+  if (N * Lq * M == 0) return 0;
+  TORCH_CHECK_VALUE(S > 0, "value: S = 0 positions, but the levels are at least 1 x 1");
+  check_levels(st, spatial_shapes, level_start_index, S);
   void* stream = nullptr;
 #ifdef EVO_WITH_CUDA
-  if (device.is_cuda()) stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+  const c10::cuda::CUDAGuard guard(device);
+  stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
 #endif
   int rc;
   {
     pybind11::gil_scoped_release nogil;
-    rc = fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
-            loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, stream);
+    rc = st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
+               loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, stream);
   }
   return rc;
 }
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry) {
-  auto fn = reinterpret_cast<MsdaForwardFn>(entry);
-  return evo_make_candidate_module(name, "EvoEngineer MSDA candidate", [fn](pybind11::module_& m) {
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
+                                                                                    const char* signature) {
+  auto st = std::make_shared<MsdaState>();
+  st->fn = reinterpret_cast<MsdaForwardFn>(entry);
+  st->signature = signature;
+  return evo_make_candidate_module(name, "EvoEngineer MSDA candidate", signature, [st](pybind11::module_& m) {
+    const auto sig = evo_parse_signature(st->signature.c_str());
+    st->L = evo_signature_int(sig, "L");
+    st->P = evo_signature_int(sig, "P");
+    st->D = evo_signature_int(sig, "D");
+    st->value_dtype = evo_signature_dtype(sig, "VALUE_DTYPE", "float32");
     m.def("forward",
-          [fn](const torch::Tensor& value, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
+          [st](const torch::Tensor& value, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
                const torch::Tensor& loc, const torch::Tensor& attn, torch::Tensor out) {
-            return forward(fn, value, spatial_shapes, level_start_index, loc, attn, out);
+            return forward(*st, value, spatial_shapes, level_start_index, loc, attn, out);
           },
-          "Run the candidate kernel; returns its status code (0 = ok).");
+          "Run the candidate kernel (value, spatial_shapes, level_start_index, sampling_locations, "
+          "attention_weights, output); returns its status code (0 = ok). Inputs it was not compiled for raise "
+          "ValueError / TypeError.");
   });
 }

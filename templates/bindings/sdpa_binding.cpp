@@ -1,6 +1,8 @@
 // Torch binding of the SDPA (attention forward) family, compiled ONCE per family and toolchain (it is the slow part:
 // torch headers). Each candidate's shared library links against it and, from its PyInit_<name>, hands over its
-// kernel entry point; this file turns that pointer into a Python module with `forward(...)`.
+// kernel entry point and the signature it was compiled for; this file turns that into a Python module with
+// `forward(...)` that refuses, with a ValueError/TypeError naming the argument and both values, any input the
+// kernel was not compiled for (head dim, Q and K/V dtypes).
 #include <torch/extension.h>
 
 #include "candidate_module.h"
@@ -10,6 +12,7 @@
 #endif
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace {
@@ -20,18 +23,28 @@ using SdpaForwardFn = int (*)(const void* q, const void* k, const void* v, const
                               void* out, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int causal, float softmax_scale,
                               void* stream);
 
+struct SdpaSignature {
+  SdpaForwardFn fn;
+  int64_t head_dim;
+  at::ScalarType q_dtype, kv_dtype;
+  std::string text;
+};
+
 void expect(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
-  TORCH_CHECK(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim());
-  TORCH_CHECK(t.is_contiguous(), name, ": must be contiguous");
-  TORCH_CHECK(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
+  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
+                    ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
 }
 
-int forward(SdpaForwardFn fn, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, torch::Tensor& out, bool causal,
             double softmax_scale) {
   const auto device = q.device();
 #ifdef EVO_WITH_CUDA
-  TORCH_CHECK(device.is_cuda(), "q: on ", device, ", the CUDA kernel needs CUDA tensors");
+  TORCH_CHECK_VALUE(device.is_cuda(), "q: on ", device, ", the CUDA kernel needs CUDA tensors");
+#else
+  TORCH_CHECK_VALUE(device.is_cpu(), "q: on ", device, ", this CPU kernel needs CPU tensors");
 #endif
   expect(q, "q", 4, device);
   expect(k, "k", 4, device);
@@ -39,26 +52,28 @@ int forward(SdpaForwardFn fn, const torch::Tensor& q, const torch::Tensor& k, co
   expect(out, "out", 4, device);
   expect(k_scale, "k_scale", 1, device);
   expect(v_scale, "v_scale", 1, device);
-  const auto qt = q.scalar_type(), kvt = k.scalar_type();
-  const bool fp8 = kvt == at::ScalarType::Float8_e4m3fn;
-  TORCH_CHECK(qt == at::ScalarType::Half || qt == at::ScalarType::BFloat16,
-              "q: dtype must be float16 or bfloat16, got ", qt);
-  TORCH_CHECK(out.scalar_type() == qt, "out: dtype ", out.scalar_type(), " must match q (", qt, ")");
-  TORCH_CHECK(v.scalar_type() == kvt, "v: dtype ", v.scalar_type(), " must match k (", kvt, ")");
-  TORCH_CHECK(kvt == qt || (fp8 && qt == at::ScalarType::Half),
-              "k, v: dtype must be q's dtype or float8_e4m3fn (FP8 KV only with a float16 q), got ", kvt,
-              " with q ", qt);
-  TORCH_CHECK(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
-              "k_scale, v_scale: must be float32");
+  TORCH_CHECK_TYPE(q.scalar_type() == sig.q_dtype, "q: dtype ", evo_dtype_name(q.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.q_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(out.scalar_type() == sig.q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()),
+                   " must match q (", evo_dtype_name(sig.q_dtype), ")");
+  TORCH_CHECK_TYPE(k.scalar_type() == sig.kv_dtype, "k: dtype ", evo_dtype_name(k.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(v.scalar_type() == sig.kv_dtype, "v: dtype ", evo_dtype_name(v.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
+                   "k_scale, v_scale: must be float32, got ", evo_dtype_name(k_scale.scalar_type()), " and ",
+                   evo_dtype_name(v_scale.scalar_type()));
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
-  TORCH_CHECK(D == 64 || D == 128, "q: head dim ", D, " is not one of the template signature's (64, 128)");
-  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k: expected [B, H, Sk, D] = [", B, ", ", H,
-              ", Sk, ", D, "], got ", k.sizes());
-  TORCH_CHECK(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(k_scale.size(0) == H && v_scale.size(0) == H, "k_scale, v_scale: expected [H] = [", H, "], got ",
-              k_scale.sizes(), " and ", v_scale.sizes());
-  TORCH_CHECK(Sk > 0 || Sq == 0 || B * H == 0, "k: no keys (Sk = 0) for ", Sq, " queries: softmax over nothing");
+  TORCH_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
+                    sig.head_dim, " (", sig.text, ")");
+  TORCH_CHECK_VALUE(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k: expected [B, H, Sk, D] = [", B, ", ",
+                    H, ", Sk, ", D, "] (from q), got ", k.sizes());
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK_VALUE(k_scale.size(0) == H && v_scale.size(0) == H, "k_scale, v_scale: expected [H] = [", H,
+                    "], got ", k_scale.sizes(), " and ", v_scale.sizes());
+  TORCH_CHECK_VALUE(Sk > 0 || Sq == 0 || B * H == 0, "k: no keys (Sk = 0) for ", Sq,
+                    " queries: softmax over nothing");
   if (B * H * Sq == 0) return 0;
   void* stream = nullptr;
 #ifdef EVO_WITH_CUDA
@@ -68,7 +83,7 @@ int forward(SdpaForwardFn fn, const torch::Tensor& q, const torch::Tensor& k, co
   int rc;
   {
     pybind11::gil_scoped_release nogil;
-    rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+    rc = sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
             out.data_ptr(), B, H, Sq, Sk, causal ? 1 : 0, static_cast<float>(softmax_scale), stream);
   }
   return rc;
@@ -76,16 +91,24 @@ int forward(SdpaForwardFn fn, const torch::Tensor& q, const torch::Tensor& k, co
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry) {
-  auto fn = reinterpret_cast<SdpaForwardFn>(entry);
-  return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", [fn](pybind11::module_& m) {
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
+                                                                                    const char* signature) {
+  auto sig = std::make_shared<SdpaSignature>();
+  sig->fn = reinterpret_cast<SdpaForwardFn>(entry);
+  sig->text = signature;
+  return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", signature, [sig](pybind11::module_& m) {
+    const auto parsed = evo_parse_signature(sig->text.c_str());
+    sig->head_dim = evo_signature_int(parsed, "HEAD_DIM");
+    sig->q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
+    sig->kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
+                                                                                       : "float16");
     m.def("forward",
-          [fn](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
-               const torch::Tensor& v_scale, torch::Tensor out, bool causal, double softmax_scale) {
-            return forward(fn, q, k, v, k_scale, v_scale, out, causal, softmax_scale);
+          [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
+                const torch::Tensor& v_scale, torch::Tensor out, bool causal, double softmax_scale) {
+            return forward(*sig, q, k, v, k_scale, v_scale, out, causal, softmax_scale);
           },
           "Run the candidate kernel (q, k, v, k_scale, v_scale, out, causal, softmax_scale); returns its status code "
-          "(0 = ok).",
+          "(0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_scale"),
           pybind11::arg("v_scale"), pybind11::arg("out"), pybind11::arg("causal"), pybind11::arg("softmax_scale"));
   });

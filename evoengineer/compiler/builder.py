@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer import TEMPLATES_DIR
-from evoengineer.build import compile as compile_mod
-from evoengineer.build.toolchain import toolchain
+from evoengineer.compiler import steps
+from evoengineer.compiler.toolchain import toolchain
 from evoengineer.candidate import Candidate
 from evoengineer.space.spec import SearchSpace
 
@@ -52,10 +52,11 @@ def _sha(obj: Any) -> str:
 class Builder:
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
-    def __init__(self, space: SearchSpace, *, entry: str, binding: str, cache_dir: str | Path | None = None,
-                 jobs: int | None = None):
+    def __init__(self, space: SearchSpace, *, entry: str, binding: str, signature: str,
+                 cache_dir: str | Path | None = None, jobs: int | None = None):
         self.space = space
         self.entry = entry
+        self.signature = signature  # "KEY=VALUE;..." handed to the binding, which refuses other inputs
         self.binding_path = (TEMPLATES_DIR / binding).resolve()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.jobs = max(1, jobs or os.cpu_count() or 1)
@@ -80,7 +81,7 @@ class Builder:
 
     def key(self, candidate: Candidate) -> str:
         return _sha({"candidate": candidate.hash, "toolchain": self.toolchain, "binding": self._binding_key(),
-                     "entry": self.entry})[:32]
+                     "entry": self.entry, "signature": self.signature})[:32]
 
     def candidate_dir(self, candidate: Candidate) -> Path:
         k = self.key(candidate)
@@ -115,7 +116,7 @@ class Builder:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
-                                             initializer=compile_mod.builder_init)
+                                             initializer=steps.builder_init)
         return self._pool
 
     def _restart_pool(self) -> None:
@@ -137,7 +138,7 @@ class Builder:
                 self._binding = {"status": "ok", "so": str(so), "build_s": 0.0}
             else:
                 try:
-                    self._binding = self._executor().submit(compile_mod.safe, compile_mod.build_binding, job).result()
+                    self._binding = self._executor().submit(steps.safe, steps.build_binding, job).result()
                 except BrokenProcessPool:
                     self._restart_pool()
                     self._binding = {"status": "build_error", "reason": "builder process died building the binding"}
@@ -162,16 +163,17 @@ class Builder:
             return done
         k = self.key(candidate)
         name = f"evo_{k[:24]}"
-        job = {"name": name, "entry": self.entry, "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
+        job = {"name": name, "entry": self.entry, "signature": self.signature,
+               "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
                "source": candidate.source, "binding_so": binding["so"], "cflags": self.cflags,
                "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags, "arch": self.space.arch,
                "gate": self._gate_job()}
         t0 = time.perf_counter()
         try:
-            inner = self._executor().submit(compile_mod.safe, compile_mod.build_candidate, job)
+            inner = self._executor().submit(steps.safe, steps.build_candidate, job)
         except BrokenProcessPool:
             self._restart_pool()
-            inner = self._executor().submit(compile_mod.safe, compile_mod.build_candidate, job)
+            inner = self._executor().submit(steps.safe, steps.build_candidate, job)
 
         def finish(f: Future) -> None:
             try:

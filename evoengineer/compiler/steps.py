@@ -13,13 +13,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-SHIM = """// Generated: hands this candidate's kernel entry to the family binding as Python module {name}.
+SHIM = """// Generated: hands this candidate's kernel entry, and the signature it was compiled for, to the family binding
+// as Python module {name}.
 extern "C" void {entry}();
-extern "C" void* evo_binding_make_module(const char* name, void* entry);
+extern "C" void* evo_binding_make_module(const char* name, void* entry, const char* signature);
 extern "C" __attribute__((visibility("default"))) void* PyInit_{name}() {{
-  return evo_binding_make_module("{name}", reinterpret_cast<void*>(&{entry}));
+  return evo_binding_make_module("{name}", reinterpret_cast<void*>(&{entry}), "{signature}");
 }}
 """
+
+
+def shim_source(name: str, entry: str, signature: str) -> str:
+    """The shim of one candidate module. `signature` is "KEY=VALUE;..." (names, digits, dtype names only)."""
+    if not all(ch.isalnum() or ch in "_=;." for ch in signature):
+        raise ValueError(f"signature {signature!r}: unexpected characters")
+    return SHIM.format(name=name, entry=entry, signature=signature)
 
 _COMPILE_ERROR = re.compile(r"\.(?:cpp|cc|cu|cuh|h|hpp)(?:\(\d+\)|:\d+(?::\d+)?): (?:fatal )?error", re.IGNORECASE)
 _LINK_MARKERS = ("undefined reference", "ld returned", "undefined symbol", "multiple definition", "cannot find -l")
@@ -73,7 +81,7 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     """Compile and link one candidate; import it once to prove it loads. Returns status, reason, log, build_s."""
     from torch.utils import cpp_extension
 
-    from evoengineer.build.gate import check_gates, ptxas_gate
+    from evoengineer.compiler.gate import check_gates, ptxas_gate
 
     _set_arch(job)
     out_dir = Path(job["dir"])
@@ -94,7 +102,7 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
             return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": gate.get("log", ""),
                     "build_s": time.perf_counter() - t0}
     shim = out_dir / "shim.cpp"
-    shim.write_text(SHIM.format(name=name, entry=entry))
+    shim.write_text(shim_source(name, entry, job["signature"]))
     binding_dir = str(Path(job["binding_so"]).parent)
     ldflags = [*job.get("ldflags", []), f"-L{binding_dir}", f"-l:{Path(job['binding_so']).name}",
                f"-Wl,-rpath,{binding_dir}", "-Wl,--no-undefined"]

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 ORM models of the elite store. Only elite_store.store uses them."""
+"""SQLAlchemy 2.0 ORM models of the elite store. Only evoengineer.store.store uses them."""
 
 from __future__ import annotations
 

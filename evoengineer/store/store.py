@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from elite_store.models import Base, CandidateRow, Checkpoint, Elite, Run, SchemaInfo, utcnow
+from evoengineer.store.models import Base, CandidateRow, Checkpoint, Elite, Run, SchemaInfo, utcnow
 
 SCHEMA_VERSION = "1"
 DEFAULT_URL = "sqlite:///elite_store/evoengineer.db"

@@ -1,0 +1,223 @@
+"""From elite.json to something a model calls: `export` writes a self-contained, pip-installable package of one
+elite; `load` returns the same callable without writing one. Both use the source recorded in elite.json (checked
+against its hash), never today's template, and the family binding that refuses inputs the kernel was not compiled
+for. The op itself is evoengineer/ops/runtime.py, copied into every package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from evoengineer import TEMPLATES_DIR, elite_json
+from evoengineer.errors import UserError
+
+OPS_DIR = Path(__file__).resolve().parent / "ops"
+#: task -> (family binding under templates/, kernel entry symbol, function the package exposes)
+FAMILIES = {"msda": ("bindings/msda_binding.cpp", "evo_msda_forward", "ms_deform_attn"),
+            "sdpa": ("bindings/sdpa_binding.cpp", "evo_sdpa_forward", "scaled_dot_product_attention")}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The document and its elite of `rank`, checked for what a build needs; UserError naming what is missing."""
+    doc = elite_json.read(path)
+    elites = doc["elites"]
+    if not elites:
+        raise UserError(f"{path}: holds no elites (the run found no correct kernel)")
+    match = [e for e in elites if e.get("rank") == rank]
+    if not match:
+        raise UserError(f"{path}: no elite of rank {rank} (ranks 1..{len(elites)})")
+    e = match[0]
+    where = f"{path}: elites[rank {rank}]"
+    build = e.get("build")
+    if not isinstance(build, dict) or not isinstance(build.get("signature"), dict):
+        raise UserError(f"{where}: no build record (signature, flags, arch); written by an older EvoEngineer: "
+                        "re-run or resume the search to export it")
+    if build.get("task") not in FAMILIES:
+        raise UserError(f"{where}: task {build.get('task')!r} has no exported op (known: {', '.join(FAMILIES)})")
+    source = e.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise UserError(f"{where}: no recorded kernel source; refusing to rebuild from today's template")
+    if e.get("source_sha256") and _sha(source) != e["source_sha256"]:
+        raise UserError(f"{where}: the recorded source does not match its source_sha256 (edited after the search); "
+                        "refusing to build it")
+    return doc, e
+
+
+def template_drift(doc: dict[str, Any], elite: dict[str, Any]) -> str | None:
+    """A note when the space's template changed since the search (the recorded source is used either way)."""
+    from evoengineer.candidate import template_sha256
+    from evoengineer.space import load_space
+
+    build = elite["build"]
+    try:
+        now = template_sha256(load_space(doc.get("space_file") or ""))
+    except (OSError, UserError, ValueError):
+        return None
+    if build.get("template_sha256") and now != build["template_sha256"]:
+        return (f"template {build['template']} changed since the search ({build['template_sha256'][:12]} -> "
+                f"{now[:12]}): using the source recorded in elite.json, as measured")
+    return None
+
+
+def _module_name(elite: dict[str, Any]) -> str:
+    return f"evo_{elite['build']['task']}_{elite['hash'][:16]}"
+
+
+def write_kernel_folder(elite: dict[str, Any], folder: Path) -> None:
+    """The files KernelOp builds from: kernel.json, the recorded source, the family binding and header, the shim."""
+    from evoengineer.compiler.steps import shim_source
+
+    build = elite["build"]
+    binding, entry, _ = FAMILIES[build["task"]]
+    suffix = ".cu" if build["backend"] == "cuda" else ".cpp"
+    name = _module_name(elite)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"kernel{suffix}").write_text(elite["source"])
+    shutil.copyfile(TEMPLATES_DIR / binding, folder / "binding.cpp")
+    shutil.copyfile(TEMPLATES_DIR / "bindings" / "candidate_module.h", folder / "candidate_module.h")
+    (folder / "shim.cpp").write_text(shim_source(name, entry, _binding_signature(build)))
+    kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
+              "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
+              "certified": elite.get("certified"), "source_sha256": _sha(elite["source"]), "build": build}
+    (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
+
+
+def _binding_signature(build: dict[str, Any]) -> str:
+    """The signature string the binding checks, from the recorded build (as the task writes it)."""
+    sig = build["signature"]
+    if build["task"] == "msda":
+        return f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
+    q = sig.get("Q_DTYPE", "float16")
+    return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+
+
+_INIT = '''"""{summary}
+
+Exported by EvoEngineer from {source_name} (rank {rank}, kernel {hash12}). Built on first import through
+torch.utils.cpp_extension (cached in $EVOENGINEER_EXPORT_CACHE, default ~/.cache/evoengineer/ops).
+
+    from {package} import {function}
+"""
+
+from pathlib import Path
+
+from .runtime import KernelOp
+
+#: The kernel as registered torch.library ops (`kernel.op`, `kernel.backward_op`), with its elite record
+#: (`kernel.kernel`) and signature (`kernel.signature`).
+kernel = KernelOp(Path(__file__).resolve().parent)
+{function} = kernel.function
+
+
+def with_fallback():
+    """The same function, computing inputs outside the compiled signature with the PyTorch reference (warned once)
+    instead of raising."""
+    return KernelOp(Path(__file__).resolve().parent, fallback="reference").function
+
+
+__all__ = ["{function}", "kernel", "with_fallback"]
+'''
+
+_PYPROJECT = '''[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "{summary}"
+requires-python = ">=3.10"
+dependencies = ["torch>=2.4", "ninja"]
+
+[tool.setuptools]
+packages = ["{package}"]
+
+[tool.setuptools.package-data]
+"{package}" = ["*.cu", "*.cpp", "*.h", "*.json"]
+'''
+
+
+def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = False) -> tuple[Path, str, list[str]]:
+    """Write elite `rank` of `path` as a package folder `out`: returns (folder, package name, notes). The folder
+    appears whole or not at all; an existing one is replaced only with `force`."""
+    doc, e = select_elite(path, rank)
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
+        raise UserError(f"--out {out}: exists and is not empty (--force replaces it)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file")
+    notes = [n for n in [template_drift(doc, e)] if n]
+    task = e["build"]["task"]
+    function = FAMILIES[task][2]
+    package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
+    summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} ({e.get('metrics', {}).get('time_us', 0):.1f}"
+               f" us p50 in its search, {e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''})")
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        pkg = tmp / package
+        write_kernel_folder(e, pkg)
+        for f in ("runtime.py", "msda_reference.py"):
+            shutil.copyfile(OPS_DIR / f, pkg / f)
+        (pkg / "__init__.py").write_text(_INIT.format(summary=summary, source_name=Path(path).name, rank=rank,
+                                                      hash12=e["hash"][:12], package=package, function=function))
+        (tmp / "pyproject.toml").write_text(_PYPROJECT.format(dist=package.replace("_", "-"), summary=summary,
+                                                              package=package))
+        (tmp / "README.md").write_text(
+            f"# {package}\n\n{summary}.\n\n```python\nfrom {package} import {function}\n```\n\n"
+            "`pip install .` here, or put this folder on PYTHONPATH. The kernel compiles on first import "
+            "(torch.utils.cpp_extension, cached). Inputs outside the compiled signature (kernel.json, "
+            "`build.signature`) raise ValueError/TypeError; `with_fallback()` gives a function that computes them "
+            "with the PyTorch reference instead. Forward is the searched kernel; the backward is the reference's.\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out, package, notes
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
+         build_root: str | Path | None = None) -> Callable[..., Any]:
+    """Elite `rank` of an elite.json as the function an exported package exposes (ms_deform_attn or
+    scaled_dot_product_attention), built from the recorded source on first use (cached). The function carries
+    `.kernel` (the KernelOp: ops, signature, elite record)."""
+    from evoengineer.ops.runtime import KernelOp, default_build_root
+
+    doc, e = select_elite(path, rank)
+    note = template_drift(doc, e)
+    if note:
+        print(f"evoengineer.load: {note}", file=sys.stderr)
+    root = Path(build_root) if build_root else default_build_root()
+    folder = root / "sources" / _module_name(e)
+    write_kernel_folder(e, folder)
+    op = KernelOp(folder, fallback=fallback, build_root=root)
+    fn = op.function
+
+    def function(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    function.__doc__ = fn.__doc__
+    function.__name__ = FAMILIES[e["build"]["task"]][2]
+    function.kernel = op  # type: ignore[attr-defined]
+    return function

@@ -1,0 +1,145 @@
+"""GPU tests (skipped without CUDA): exported CUDA MSDA and SDPA elites as torch ops: held-out shapes against the
+references, torch.compile(fullgraph=True), CUDA graph capture and replay, refusal of inputs outside the signature."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+import torch.nn.functional as F  # noqa: E402
+
+from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer.cli import main  # noqa: E402
+from evoengineer.tasks.msda import INPUT_KEYS, MSDAShape, make_inputs, reference  # noqa: E402
+
+MSDA_SHAPES = '''
+[[shapes]]
+name = "odd"
+N = 2
+Lq = 37
+M = 3
+D = 32
+P = 4
+levels = [[7, 9], [4, 5], [2, 3], [1, 1]]
+fresh = true
+
+[[shapes]]
+name = "timed"
+N = 1
+Lq = 500
+M = 8
+D = 32
+P = 4
+levels = [[20, 30], [10, 15], [5, 8], [3, 4]]
+time = true
+'''
+
+SDPA_SHAPES = '''
+[[shapes]]
+name = "odd"
+B = 1
+H = 3
+Sq = 77
+Sk = 130
+fresh = true
+
+[[shapes]]
+name = "odd_causal"
+B = 2
+H = 2
+S = 67
+causal = true
+fresh = true
+
+[[shapes]]
+name = "timed"
+B = 2
+H = 8
+S = 512
+time = true
+'''
+
+
+def _search_and_export(tmp: Path, space: str, shapes: str, cache: Path) -> object:
+    text = (SPACES_DIR / f"{space}.toml").read_text()
+    text = text[: text.index("[[shapes]]")] + shapes
+    (tmp / "space.toml").write_text(text)
+    rc = main(["search", "--space", str(tmp / "space.toml"), "--budget", "4", "--population", "4", "--db",
+               f"sqlite:///{tmp / 's.db'}", "--out", str(tmp / "elite.json"), "--cache-dir", str(cache), "--quiet"])
+    assert rc == 0
+    assert main(["export", str(tmp / "elite.json"), "--out", str(tmp / "pkg")]) == 0
+    (pkg,) = [p for p in (tmp / "pkg").iterdir() if p.is_dir()]
+    sys.path.insert(0, str(tmp / "pkg"))
+    try:
+        return importlib.import_module(pkg.name)
+    finally:
+        sys.path.remove(str(tmp / "pkg"))
+
+
+def _graph(fn, *args):
+    """fn captured in a CUDA graph (after a warm-up on a side stream), then replayed; returns (eager, replayed)."""
+    eager = fn(*args)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = fn(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    return eager, static
+
+
+def test_exported_cuda_msda(tmp_path: Path, build_cache: Path, monkeypatch):
+    monkeypatch.setenv("EVOENGINEER_EXPORT_CACHE", str(tmp_path / "ops"))
+    mod = _search_and_export(tmp_path, "cuda_msda_fp16", MSDA_SHAPES, build_cache)
+    fn = mod.ms_deform_attn
+    for shape in (MSDAShape("a", N=3, Lq=111, M=5, D=32, P=4, levels=((13, 17), (7, 9), (4, 5), (2, 3))),
+                  MSDAShape("b", N=1, Lq=1, M=1, D=32, P=4, levels=((9, 1), (1, 13), (1, 1), (3, 2)))):
+        inputs = make_inputs(shape, 5, dtype=torch.float16, device="cuda")
+        got = fn(*(inputs[k] for k in INPUT_KEYS))
+        assert got.dtype == torch.float16
+        assert (got.double() - reference(inputs, dtype=torch.float64)).abs().max() < 4e-3
+    inputs = make_inputs(MSDAShape("c", N=2, Lq=300, M=8, D=32, P=4, levels=((20, 30), (10, 15), (5, 8), (3, 4))),
+                         6, dtype=torch.float16, device="cuda")
+    args = [inputs[k] for k in INPUT_KEYS]
+    compiled = torch.compile(fn, fullgraph=True)
+    assert torch.equal(compiled(*args), fn(*args))
+    eager, replayed = _graph(fn, *args)
+    assert torch.equal(eager, replayed)
+    with pytest.raises(TypeError, match="value: dtype float32, but this kernel was compiled for float16"):
+        fn(args[0].float(), *args[1:])
+    with pytest.raises(ValueError, match="this kernel runs on cuda"):
+        fn(*(a.cpu() for a in args))
+    with pytest.raises(ValueError, match="P = 8 points"):
+        bad = make_inputs(MSDAShape("d", N=1, Lq=3, M=2, D=32, P=8, levels=((4, 4), (2, 2), (1, 1), (1, 1))), 1,
+                          dtype=torch.float16, device="cuda")
+        fn(*(bad[k] for k in INPUT_KEYS))
+
+
+def test_exported_cuda_sdpa(tmp_path: Path, build_cache: Path, monkeypatch):
+    monkeypatch.setenv("EVOENGINEER_EXPORT_CACHE", str(tmp_path / "ops"))
+    mod = _search_and_export(tmp_path, "sdpa_fp16_d64", SDPA_SHAPES, build_cache)
+    fn = mod.scaled_dot_product_attention
+    g = torch.Generator().manual_seed(0)
+    for (B, H, Sq, Sk), causal in (((2, 4, 200, 333), False), ((1, 2, 129, 129), True), ((3, 1, 5, 700), True)):
+        q, k, v = (torch.randn(B, H, s, 64, generator=g).half().cuda() for s in (Sq, Sk, Sk))
+        got = fn(q, k, v, is_causal=causal)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        assert (got.double() - want).abs().max() < 4e-3
+    compiled = torch.compile(lambda q, k, v: fn(q, k, v, is_causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), fn(q, k, v, is_causal=True))
+    eager, replayed = _graph(lambda q, k, v: fn(q, k, v), q, k, v)
+    assert torch.equal(eager, replayed)
+    with pytest.raises(ValueError, match="head dim 128"):
+        fn(*(torch.randn(1, 2, 8, 128).half().cuda() for _ in range(3)))
+    with pytest.raises(TypeError, match="query: dtype bfloat16"):
+        fn(*(t.bfloat16() for t in (q, k, v)))
