@@ -8,33 +8,36 @@ import torch
 import torch.nn.functional as F
 
 
+def _levels(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, dtype):
+    """Per level l, in `dtype`: ((h, w, s0), v [N*M, D, h, w], grid [N*M, Lq, P, 2] in [-1, 1],
+    attention [N*M, Lq, P])."""
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"reference computes in float32 or float64, not {dtype}")
+    value = value.to(dtype)
+    N, _, M, D = value.shape
+    Lq, P = sampling_locations.shape[1], sampling_locations.shape[4]
+    # [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2]; grid_sample wants coordinates in [-1, 1].
+    grids = (2.0 * sampling_locations.to(dtype) - 1.0).permute(0, 2, 3, 1, 4, 5)
+    # [N, Lq, M, L, P] -> [N, M, L, Lq, P]
+    attn = attention_weights.to(dtype).permute(0, 2, 3, 1, 4)
+    for lvl, ((h, w), s0) in enumerate(zip(spatial_shapes.tolist(), level_start_index.tolist())):
+        # [N, H*W, M, D] -> [N*M, D, H, W]
+        v = value[:, s0: s0 + h * w].permute(0, 2, 3, 1).reshape(N * M, D, h, w)
+        yield (h, w, s0), v, grids[:, :, lvl].reshape(N * M, Lq, P, 2), attn[:, :, lvl].reshape(N * M, Lq, P)
+
+
 def msda_reference(value: torch.Tensor, spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
                    sampling_locations: torch.Tensor, attention_weights: torch.Tensor, *,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """MSDA forward via ``F.grid_sample`` (one call per level over ``N * M`` batches), computed in ``dtype`` (float32
     or float64; inputs are cast first) on the inputs' device; returns ``[N, Lq, M * D]`` in ``dtype``."""
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"reference computes in float32 or float64, not {dtype}")
-    value = value.to(dtype)
-    loc = sampling_locations.to(dtype)
-    attn = attention_weights.to(dtype)
-    levels = spatial_shapes.tolist()
-    starts = level_start_index.tolist()
     N, _, M, D = value.shape
-    Lq, P = loc.shape[1], loc.shape[4]
-
-    # [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2]; grid_sample wants coordinates in [-1, 1].
-    grids = (2.0 * loc - 1.0).permute(0, 2, 3, 1, 4, 5)
-    # [N, Lq, M, L, P] -> [N, M, L, 1, Lq, P]
-    attn = attn.permute(0, 2, 3, 1, 4).unsqueeze(3)
-
+    Lq = sampling_locations.shape[1]
     out = None
-    for lvl, ((h, w), s0) in enumerate(zip(levels, starts)):
-        # [N, H*W, M, D] -> [N*M, D, H, W]
-        v = value[:, s0: s0 + h * w].permute(0, 2, 3, 1).reshape(N * M, D, h, w)
-        grid = grids[:, :, lvl].reshape(N * M, Lq, P, 2)
+    for _, v, grid, a in _levels(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                 dtype):
         sampled = F.grid_sample(v, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        contrib = (sampled * attn[:, :, lvl].reshape(N * M, 1, Lq, P)).sum(-1)  # [N*M, D, Lq]
+        contrib = (sampled * a.unsqueeze(1)).sum(-1)  # [N*M, D, Lq]
         out = contrib if out is None else out + contrib
     # [N*M, D, Lq] -> [N, Lq, M*D]
     return out.view(N, M, D, Lq).permute(0, 3, 1, 2).reshape(N, Lq, M * D)
@@ -47,27 +50,18 @@ def msda_reference_backward(grad: torch.Tensor, value: torch.Tensor, spatial_sha
     """Gradients of `msda_reference` (sum over the output of `grad` x output) with respect to value,
     sampling_locations and attention_weights, computed in `dtype` without autograd (aten's grid-sampler backward per
     level), so it also runs inside a custom op's implementation, where autograd is off."""
-    value_d = value.to(dtype)
-    loc = sampling_locations.to(dtype)
-    attn = attention_weights.to(dtype)
-    levels = spatial_shapes.tolist()
-    starts = level_start_index.tolist()
-    N, S, M, D = value_d.shape
-    Lq, P = loc.shape[1], loc.shape[4]
+    N, S, M, D = value.shape
+    Lq, P = sampling_locations.shape[1], sampling_locations.shape[4]
     g = grad.to(dtype).view(N, Lq, M, D).permute(0, 2, 3, 1).reshape(N * M, D, Lq)  # [N*M, D, Lq]
-    grids = (2.0 * loc - 1.0).permute(0, 2, 3, 1, 4, 5)  # [N, M, L, Lq, P, 2]
-    attn_t = attn.permute(0, 2, 3, 1, 4)  # [N, M, L, Lq, P]
     g_value = torch.zeros((N, S, M, D), dtype=dtype, device=value.device)
-    g_loc = torch.empty_like(loc)
-    g_attn = torch.empty_like(attn)
-    for lvl, ((h, w), s0) in enumerate(zip(levels, starts)):
-        v = value_d[:, s0: s0 + h * w].permute(0, 2, 3, 1).reshape(N * M, D, h, w)
-        grid = grids[:, :, lvl].reshape(N * M, Lq, P, 2)
+    g_loc = torch.empty(sampling_locations.shape, dtype=dtype, device=value.device)
+    g_attn = torch.empty(attention_weights.shape, dtype=dtype, device=value.device)
+    for lvl, ((h, w, s0), v, grid, a) in enumerate(_levels(value, spatial_shapes, level_start_index,
+                                                           sampling_locations, attention_weights, dtype)):
         sampled = F.grid_sample(v, grid, mode="bilinear", padding_mode="zeros", align_corners=False)  # [NM,D,Lq,P]
-        a = attn_t[:, :, lvl].reshape(N * M, 1, Lq, P)
         # out += sum_p sampled[..., p] * a[..., p]
         g_a = (g.unsqueeze(-1) * sampled).sum(1)  # [N*M, Lq, P]
-        g_sampled = g.unsqueeze(-1) * a  # [N*M, D, Lq, P]
+        g_sampled = g.unsqueeze(-1) * a.unsqueeze(1)  # [N*M, D, Lq, P]
         g_v, g_grid = torch.ops.aten.grid_sampler_2d_backward(g_sampled, v, grid, 0, 0, False, [True, True])
         g_value[:, s0: s0 + h * w] = g_v.reshape(N, M, D, h * w).permute(0, 3, 1, 2)
         g_loc[:, :, :, lvl] = (2.0 * g_grid).reshape(N, M, Lq, P, 2).permute(0, 2, 1, 3, 4)
