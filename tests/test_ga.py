@@ -410,3 +410,67 @@ def test_prescreen_model_never_sees_the_current_generation(toy: Path, tmp_path: 
 
     ref = GeneValueModel(r.runner.space, before)
     assert all((x == y).all() for x, y in zip(m2.log_ratio, ref.log_ratio))
+
+
+# ---- never stalls ---------------------------------------------------------------------------------------------------
+MID = """name = "mid"
+template = "mid.j2"
+task = "t"
+backend = "cpu"
+[parameters]
+A = [1, 2, 3, 4, 5, 6]
+B = [1, 2, 3, 4]
+C = [1, 2, 3]
+D = { values = ["x", "y"], ordered = false }
+"""
+
+
+def deceptive_space(d: Path) -> tuple[Path, Path, float]:
+    """144 configurations: a smooth bowl around (2, 2, 2, x) and, far from it, an isolated optimum at (6, 4, 1, y)
+    whose neighbours are the worst of all: the landscape that made the pre-screened GA stall."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "mid.j2").write_text("{{ A }} {{ B }} {{ C }} {{ D }}\n")
+    (d / "mid.toml").write_text(MID)
+    space = load_space(d / "mid.toml")
+    rows = []
+    for g in space.valid_genomes():
+        p = space.genome_to_params(g)
+        t = 100 + 5 * ((p["A"] - 2) ** 2 + (p["B"] - 2) ** 2 + (p["C"] - 2) ** 2) + (3 if p["D"] == "y" else 0)
+        far = abs(p["A"] - 6) + abs(p["B"] - 4) + abs(p["C"] - 1) + (p["D"] != "y")
+        if far == 0:
+            t = 50.0
+        elif far == 1:
+            t = 400.0
+        rows.append({**p, "status": "ok", "time_us": t})
+    return d / "mid.toml", write_rows(d / "landscape.csv", rows), 50.0
+
+
+@pytest.mark.parametrize("prescreen", [1, 8])
+def test_a_budget_covering_the_space_is_spent(tmp_path: Path, prescreen: int):
+    """Generations enough for the whole space (8 + 5 x 28 slots for 144 configurations): the GA does not stall in
+    the bowl with budget left; it evaluates every configuration and finds the isolated optimum."""
+    space_file, land, optimum = deceptive_space(tmp_path / "s")
+    r = run_ga(space_file, land, tmp_path / "w", population=8, elite=3, generations=28, budget=1000,
+               params=GAParams(prescreen=prescreen))
+    assert r.reason == "space exhausted"
+    assert len(r.evaluator.calls) == 144 == len(set(r.evaluator.calls))
+    assert r.doc["elites"][0]["metrics"]["time_us"] == optimum
+
+
+@pytest.mark.parametrize("prescreen", [1, 8])
+def test_every_generation_evaluates_new_configurations(toy: Path, tmp_path: Path, prescreen: int):
+    """Children that would repeat an earlier evaluation become immigrants: each generation after the first
+    evaluates population - K new configurations until the space runs out."""
+    space = load_space(toy / "toy_space.toml")
+    r = toy_run(toy, tmp_path, population=10, generations=40, elite=3, params=GAParams(prescreen=prescreen))
+    per_gen: dict[int, int] = {}
+    for c in r.store.candidates(r.run_id):
+        per_gen[c.generation] = per_gen.get(c.generation, 0) + 1
+    full = [g for g in sorted(per_gen) if g > 0 and sum(per_gen[h] for h in per_gen if h <= g) < space.count_valid()]
+    assert full and all(per_gen[g] == 7 for g in full), per_gen
+
+
+def test_immigrants_and_bypass_are_drawn_from_the_seeded_rng(toy: Path, tmp_path: Path):
+    a = toy_run(toy, tmp_path / "a", seed=5, population=12, generations=6)
+    b = toy_run(toy, tmp_path / "b", seed=5, population=12, generations=6)
+    assert a.evaluator.calls == b.evaluator.calls and a.children == b.children

@@ -39,6 +39,12 @@ class GAParams:
     novelty_tries: int = 20
     plus_survival: bool = False  # next population: the best of parents + children (mu+lambda), not K elites + children
     prescreen: int = 8  # breed this many children per slot and keep the ones the gene-value model ranks best (1: off)
+    # exploration that no model or basin can switch off: this share of the kept children is drawn at random from the
+    # bred ones instead of by the pre-screen, and this share of each generation is random unseen configurations
+    # (immigrants). A child that still repeats an earlier evaluation after the novelty nudges becomes an immigrant
+    # too, so every generation evaluates new configurations while unseen ones remain.
+    prescreen_bypass: float = 0.0  # tuning stage 6 (experiments/strategies): any bypass cost on the recorded landscapes
+    immigrants: float = 0.1  # one of the 9 children of a population of 12
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
@@ -234,13 +240,63 @@ class GeneticSearch:
         return child
 
     def _offspring(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
-        """n children for generation `gen`; with prescreen > 1, the n best-scored of prescreen x n bred."""
+        """n children for generation `gen`: `immigrants` x n random unseen configurations; the rest bred, with
+        prescreen > 1 the best-scored of prescreen x as many bred (less a `prescreen_bypass` share drawn at random
+        from the others). Any child still repeating an earlier evaluation or a sibling is replaced by an immigrant."""
+        n_imm = int(round(n * self.params.immigrants)) if n > 2 else 0
+        n_bred = n - n_imm
         model = self._model(gen) if self.params.prescreen > 1 else None
         if model is None:
-            return self._breed(pop, n, gen)
-        bred = self._breed(pop, n * self.params.prescreen, gen)
-        order = sorted(range(len(bred)), key=lambda k: (-model.score(bred[k]), k))
-        return [bred[k] for k in order[:n]]
+            children = self._breed(pop, n_bred, gen)
+        else:
+            bred = self._breed(pop, n_bred * self.params.prescreen, gen)
+            order = sorted(range(len(bred)), key=lambda k: (-model.score(bred[k]), k))
+            n_free = int(round(n_bred * self.params.prescreen_bypass))
+            kept, rest = order[: n_bred - n_free], order[n_bred - n_free:]
+            kept += random.sample(rest, min(n_free, len(rest)))
+            children = [bred[k] for k in kept]
+        return self._fill_unseen(children, n_imm, gen)
+
+    def _fill_unseen(self, children: list[Individual], n_imm: int, gen: int) -> list[Individual]:
+        """`children` with repeats (of earlier generations or of siblings) replaced by random unseen valid
+        configurations, plus `n_imm` more of those; fewer only when the unseen configurations run out."""
+        unseen: list[tuple[int, ...]] | None = None
+        taken: set[tuple[int, ...]] = set()
+
+        def immigrant() -> tuple[int, ...] | None:
+            nonlocal unseen
+            if unseen is None:  # computed once per generation, and only when needed
+                unseen = [g for g in self.space.valid_genomes() if not self.runner.seen_before(g, gen)]
+            while unseen:
+                g = unseen.pop(random.randrange(len(unseen)))
+                if g not in taken:
+                    return g
+            return None
+
+        def repeats(child: Individual) -> bool:
+            return self.runner.seen_before(child, gen) or tuple(child) in taken
+
+        out: list[Individual] = []
+        for child in children:
+            # a repeat first jumps further from where it is (mutation of a third of its genes), then anywhere
+            for _ in range(self.params.novelty_tries if repeats(child) else 0):
+                mutate_genes(child, self.space, 1 / 3)
+                repair(child, self.space, 1 / 3)
+                if not repeats(child):
+                    break
+            if repeats(child):
+                g = immigrant()
+                if g is not None:
+                    child[:] = g
+            taken.add(tuple(child))
+            out.append(child)
+        for _ in range(n_imm):
+            g = immigrant()
+            if g is None:
+                break
+            taken.add(g)
+            out.append(_individual(g))
+        return out
 
     def _model(self, gen: int) -> GeneValueModel | None:
         """The gene-value model of what earlier generations measured (never the current one's partial results, so
@@ -292,11 +348,11 @@ class GeneticSearch:
             if r.exhausted:
                 reason = r.why_stopped()
                 break
-            if gen >= s.generations:
-                reason = "generations"
-                break
             if r.space_exhausted:
                 reason = "space exhausted"
+                break
+            if gen >= s.generations:
+                reason = "generations"
                 break
             gen += 1
             elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]

@@ -34,12 +34,14 @@ GRID = {
     "cxpb": [0.0, 0.3, 0.6, 0.9],
     "plus_survival": [0, 1],  # 1: the next population is the best of parents + children (mu+lambda)
     "prescreen": [1, 2, 4, 8],  # children bred per slot, the best kept by the gene-value model
+    "prescreen_bypass": [0.0, 0.125, 0.25],  # share of the kept children drawn at random, not by the model
+    "immigrants": [0.0, 0.1, 0.25],  # share of each generation that is random unseen configurations
 }
 
 
 # the GA's defaults before tuning: where coordinate descent starts
 START = {"population": 16, "tournsize": 3, "mutpb": 0.8, "indpb": 0.3, "cxpb": 0.6, "plus_survival": 0,
-         "prescreen": 1}
+         "prescreen": 1, "prescreen_bypass": 0.0, "immigrants": 0.0}
 
 
 def factorial(spec: str) -> list[dict]:

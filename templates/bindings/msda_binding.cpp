@@ -6,7 +6,8 @@
 
 #include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -140,7 +141,7 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
   void* stream = nullptr;
 #ifdef EVO_WITH_CUDA
   const c10::cuda::CUDAGuard guard(device);
-  stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
 #endif
   int rc;
   {

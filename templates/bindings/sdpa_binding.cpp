@@ -7,7 +7,7 @@
 
 #include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -78,7 +78,7 @@ int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tenso
   void* stream = nullptr;
 #ifdef EVO_WITH_CUDA
   const c10::cuda::CUDAGuard guard(device);
-  stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
 #endif
   int rc;
   {
