@@ -5,7 +5,6 @@ for. The op itself is evoengineer/ops/runtime.py, copied into every package."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -16,16 +15,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evoengineer import TEMPLATES_DIR, elite_json
+from evoengineer.candidate import sha256_text
 from evoengineer.errors import UserError
+from evoengineer.fileio import umask
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
 #: task -> (family binding under templates/, kernel entry symbol, function the package exposes)
 FAMILIES = {"msda": ("bindings/msda_binding.cpp", "evo_msda_forward", "ms_deform_attn"),
             "sdpa": ("bindings/sdpa_binding.cpp", "evo_sdpa_forward", "scaled_dot_product_attention")}
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -48,7 +45,7 @@ def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str,
     source = e.get("source")
     if not isinstance(source, str) or not source.strip():
         raise UserError(f"{where}: no recorded kernel source; refusing to rebuild from today's template")
-    if e.get("source_sha256") and _sha(source) != e["source_sha256"]:
+    if e.get("source_sha256") and sha256_text(source) != e["source_sha256"]:
         raise UserError(f"{where}: the recorded source does not match its source_sha256 (edited after the search); "
                         "refusing to build it")
     return doc, e
@@ -89,17 +86,16 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path) -> None:
     (folder / "shim.cpp").write_text(shim_source(name, entry, _binding_signature(build)))
     kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
-              "certified": elite.get("certified"), "source_sha256": _sha(elite["source"]), "build": build}
+              "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]), "build": build}
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
 
 
 def _binding_signature(build: dict[str, Any]) -> str:
     """The signature string the binding checks, from the recorded build (as the task writes it)."""
-    sig = build["signature"]
-    if build["task"] == "msda":
-        return f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
-    q = sig.get("Q_DTYPE", "float16")
-    return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+    from evoengineer.tasks.msda import MSDATask
+    from evoengineer.tasks.sdpa import SDPATask
+
+    return {"msda": MSDATask, "sdpa": SDPATask}[build["task"]].signature_text(build["signature"])
 
 
 _INIT = '''"""{summary}
@@ -167,7 +163,7 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~umask())
         pkg = tmp / package
         write_kernel_folder(e, pkg)
         for f in ("runtime.py", "msda_reference.py"):
@@ -189,12 +185,6 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out, package, notes
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,

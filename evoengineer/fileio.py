@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (read without changing it for longer than the call)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -22,7 +23,7 @@ def atomic_open(path: str | Path, *, newline: str | None = None) -> Iterator[IO[
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
             yield f
             f.flush()

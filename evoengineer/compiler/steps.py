@@ -47,11 +47,11 @@ def _first_error(text: str) -> str:
 
 def _set_arch(job: dict[str, Any]) -> None:
     """cpp_extension picks CUDA targets from TORCH_CUDA_ARCH_LIST: pin it to the space's arch (sm_90 -> 9.0)."""
-    arch = job.get("arch")
+    from evoengineer.ops.runtime import arch_list
+
+    arch = arch_list(job.get("arch"))
     if arch:
-        digits = arch.removeprefix("sm_")
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{digits[:-1]}.{digits[-1]}" if digits[-1].isdigit() else \
-            f"{digits[:-2]}.{digits[-2:]}"
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
 
 
 def build_binding(job: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
 
-def _arch_list(arch: str | None) -> str | None:
+def arch_list(arch: str | None) -> str | None:
     """TORCH_CUDA_ARCH_LIST for a space's arch: sm_90 -> 9.0, sm_90a -> 9.0a."""
     if not arch:
         return None
@@ -114,7 +114,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
         if not torch.cuda.is_available():
             raise RuntimeError(f"kernel {kernel['hash'][:12]} is a CUDA kernel ({build.get('arch')}) and this "
                                "machine has no usable GPU")
-        arch = _arch_list(build.get("arch"))
+        arch = arch_list(build.get("arch"))
         if arch:
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     flags = list(build.get("flags", [])) + (["-DEVO_WITH_CUDA"] if cuda else [])

@@ -325,12 +325,15 @@ class MSDATask(Task):
         if dtype_name not in _DTYPES:
             raise UserError(f"{where}.VALUE_DTYPE: one of {', '.join(_DTYPES)}")
         self.value_dtype = _DTYPES[dtype_name]
-        self.value_dtype_name = dtype_name
         super().__init__(space)
 
-    def binding_signature(self):
-        sig = self.space.signature
+    @staticmethod
+    def signature_text(sig) -> str:
+        """What the binding checks, from a signature table (the space's, or one recorded in elite.json)."""
         return f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
+
+    def binding_signature(self):
+        return self.signature_text(self.space.signature)
 
     def parse_shape(self, d):
         shape = MSDAShape.from_dict(d)

@@ -209,14 +209,19 @@ class SDPATask(Task):
         if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and q_name != "float16"):
             raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3' (with Q_DTYPE 'float16')")
         self.head_dim = sig["HEAD_DIM"]
-        self.q_name, self.kv_name = q_name, kv_name
         self.q_dtype, self.kv_dtype = Q_DTYPES[q_name], KV_DTYPES[kv_name]
         self.fp8 = self.kv_dtype == torch.float8_e4m3fn
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
         super().__init__(space)
 
+    @staticmethod
+    def signature_text(sig) -> str:
+        """What the binding checks, from a signature table (the space's, or one recorded in elite.json)."""
+        q = sig.get("Q_DTYPE", "float16")
+        return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+
     def binding_signature(self):
-        return f"HEAD_DIM={self.head_dim};Q_DTYPE={self.q_name};KV_DTYPE={self.kv_name}"
+        return self.signature_text(self.space.signature)
 
     def parse_shape(self, d):
         shape = SDPAShape.from_dict(d)
