@@ -24,7 +24,7 @@ EVALUATION_DEFAULTS = {"warmup": 20, "repeats": 100, "timeout_s": 120.0, "init_t
                        # runs of the same inputs must agree bitwise (else within the tolerance)
                        "check_runs": 2, "check_calls": 4, "deterministic": True,
                        # compute-sanitizer tools each elite runs under before it is published (CUDA; [] = none)
-                       "sanitizer": ["memcheck", "racecheck", "synccheck"], "sanitizer_timeout_s": 600.0}
+                       "sanitizer": ["memcheck", "racecheck", "synccheck"], "sanitizer_timeout_s": 300.0}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
