@@ -45,6 +45,10 @@ class GAParams:
     # too, so every generation evaluates new configurations while unseen ones remain.
     prescreen_bypass: float = 0.0  # tuning stage 6 (experiments/strategies): any bypass cost on the recorded landscapes
     immigrants: float = 0.1  # one of the 9 children of a population of 12
+    # after `patience` generations without a better result, this share of each generation is immigrants instead:
+    # a basin that stopped paying is left for the rest of the space (isolated optima, needles)
+    stagnation_immigrants: float = 0.8
+    patience: int = 3
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
@@ -243,7 +247,10 @@ class GeneticSearch:
         """n children for generation `gen`: `immigrants` x n random unseen configurations; the rest bred, with
         prescreen > 1 the best-scored of prescreen x as many bred (less a `prescreen_bypass` share drawn at random
         from the others). Any child still repeating an earlier evaluation or a sibling is replaced by an immigrant."""
-        n_imm = int(round(n * self.params.immigrants)) if n > 2 else 0
+        share = self.params.immigrants
+        if self._stagnant_generations(gen) >= self.params.patience:
+            share = max(share, self.params.stagnation_immigrants)
+        n_imm = int(round(n * share)) if n > 2 else 0
         n_bred = n - n_imm
         model = self._model(gen) if self.params.prescreen > 1 else None
         if model is None:
@@ -297,6 +304,19 @@ class GeneticSearch:
             taken.add(g)
             out.append(_individual(g))
         return out
+
+    def _stagnant_generations(self, gen: int) -> int:
+        """Generations before `gen` since the best result last improved (from the records of earlier generations
+        only, so a resumed generation decides as the uninterrupted one did)."""
+        best_of: dict[int, float] = {}
+        for r in self.runner.records.values():
+            if r.generation < gen:
+                best_of[r.generation] = min(best_of.get(r.generation, math.inf), r.time_us)
+        best, last_gain = math.inf, 0
+        for g in sorted(best_of):
+            if best_of[g] < best:
+                best, last_gain = best_of[g], g
+        return (gen - 1) - last_gain if best_of else 0
 
     def _model(self, gen: int) -> GeneValueModel | None:
         """The gene-value model of what earlier generations measured (never the current one's partial results, so

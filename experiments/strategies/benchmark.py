@@ -81,7 +81,7 @@ def optimum_of(evaluator: ReplayEvaluator) -> float:
 
 def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     """All seeds of one landscape x strategy, sequentially, into one database. Returns per-run results."""
-    space_file, csv_path = (ROOT / p for p in LANDSCAPES[job["landscape"]])
+    space_file, csv_path = (ROOT / p for p in job.get("paths") or LANDSCAPES[job["landscape"]])
     space = load_space(space_file)
     evaluator = ReplayEvaluator(csv_path, space)
     n_valid = space.count_valid()
@@ -117,7 +117,7 @@ def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
         times = [r.time_us for r in store.candidates(run_id)]
         out.append({"landscape": job["landscape"], "strategy": job["strategy"], "seed": seed, "run_id": run_id,
                     "db": str(db), "stop": reason, "evaluations": len(times), "wall_s": time.monotonic() - t0,
-                    **run_metrics(times, opt, n_valid)})
+                    **run_metrics(times, opt, n_valid), **({"times": times} if job.get("keep_times") else {})})
     store.close()
     return out
 
