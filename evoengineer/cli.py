@@ -242,7 +242,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     task = json.loads((folder / package / "kernel.json").read_text())["build"]["task"]
     print(f"wrote {folder}/ (package {package}): pip install {folder}   then   "
-          f"from {package} import {FAMILIES[task][2]}")
+          f"from {package} import {FAMILIES[task]}")
     return 0
 
 

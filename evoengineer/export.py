@@ -20,9 +20,15 @@ from evoengineer.errors import UserError
 from evoengineer.fileio import umask
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
-#: task -> (family binding under templates/, kernel entry symbol, function the package exposes)
-FAMILIES = {"msda": ("bindings/msda_binding.cpp", "evo_msda_forward", "ms_deform_attn"),
-            "sdpa": ("bindings/sdpa_binding.cpp", "evo_sdpa_forward", "scaled_dot_product_attention")}
+#: task -> the function an exported package exposes (the task class gives the binding, entry and signature text)
+FAMILIES = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention"}
+
+
+def _task_class(task: str) -> Any:
+    from evoengineer.tasks.msda import MSDATask
+    from evoengineer.tasks.sdpa import SDPATask
+
+    return {"msda": MSDATask, "sdpa": SDPATask}[task]
 
 
 def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -76,26 +82,18 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path) -> None:
     from evoengineer.compiler.steps import shim_source
 
     build = elite["build"]
-    binding, entry, _ = FAMILIES[build["task"]]
+    task_cls = _task_class(build["task"])
     suffix = ".cu" if build["backend"] == "cuda" else ".cpp"
     name = _module_name(elite)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"kernel{suffix}").write_text(elite["source"])
-    shutil.copyfile(TEMPLATES_DIR / binding, folder / "binding.cpp")
+    shutil.copyfile(TEMPLATES_DIR / task_cls.binding, folder / "binding.cpp")
     shutil.copyfile(TEMPLATES_DIR / "bindings" / "candidate_module.h", folder / "candidate_module.h")
-    (folder / "shim.cpp").write_text(shim_source(name, entry, _binding_signature(build)))
+    (folder / "shim.cpp").write_text(shim_source(name, task_cls.entry, task_cls.signature_text(build["signature"])))
     kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
               "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]), "build": build}
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
-
-
-def _binding_signature(build: dict[str, Any]) -> str:
-    """The signature string the binding checks, from the recorded build (as the task writes it)."""
-    from evoengineer.tasks.msda import MSDATask
-    from evoengineer.tasks.sdpa import SDPATask
-
-    return {"msda": MSDATask, "sdpa": SDPATask}[build["task"]].signature_text(build["signature"])
 
 
 _INIT = '''"""{summary}
@@ -155,7 +153,7 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
         raise UserError(f"--out {out}: is a file")
     notes = [n for n in [template_drift(doc, e)] if n]
     task = e["build"]["task"]
-    function = FAMILIES[task][2]
+    function = FAMILIES[task]
     package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
     summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} ({e.get('metrics', {}).get('time_us', 0):.1f}"
                f" us p50 in its search, {e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''})")
@@ -208,6 +206,6 @@ def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
         return fn(*args, **kwargs)
 
     function.__doc__ = fn.__doc__
-    function.__name__ = FAMILIES[e["build"]["task"]][2]
+    function.__name__ = FAMILIES[e["build"]["task"]]
     function.kernel = op  # type: ignore[attr-defined]
     return function

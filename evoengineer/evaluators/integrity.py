@@ -34,6 +34,23 @@ def checksum(t: torch.Tensor) -> torch.Tensor:
     return as_bits(t).sum(dtype=torch.int64)
 
 
+def mismatch(got: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """None if every output is finite and within atol + rtol x |ref| of the float64 reference; else what is off."""
+    got = got.to(torch.float64)
+    ref = ref.to(torch.float64).to(got.device)
+    bad = ~torch.isfinite(got)
+    if bad.any():
+        return f"{int(bad.sum())} of {got.numel()} outputs NaN/Inf (unwritten or invalid)"
+    err = (got - ref).abs()
+    over = err > atol + rtol * ref.abs()
+    if over.any():
+        max_abs = float(err.max())
+        max_rel = float((err / ref.abs().clamp_min(atol)).max())
+        return (f"max abs err {max_abs:.3e} (rel {max_rel:.3e}) > tol (atol {atol:g}, rtol {rtol:g}), "
+                f"{int(over.sum())} elements off, worst at flat index {int(torch.argmax(err.flatten()))}")
+    return None
+
+
 class Guarded:
     """A tensor of `shape`/`dtype` inside an allocation with `guard` canary bytes before and after it.
 

@@ -144,6 +144,7 @@ def _main(job_path: str) -> int:
     import torch
 
     from evoengineer.compiler.steps import load_module
+    from evoengineer.evaluators.integrity import mismatch
     from evoengineer.space.spec import SearchSpace
     from evoengineer.tasks.base import get_task
 
@@ -161,14 +162,9 @@ def _main(job_path: str) -> int:
     # the reference on the CPU, so that nothing but the candidate runs under the tool's instrumentation for long
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     ref = task.reference(cpu)
-    got = out.cpu().to(torch.float64)
-    atol, rtol = task.tolerance()
-    if not torch.isfinite(got).all():
-        print(f"{int((~torch.isfinite(got)).sum())} outputs NaN/Inf on shape {entry.name}", file=sys.stderr)
-        return WRONG_EXIT
-    err = (got - ref).abs()
-    if (err > atol + rtol * ref.abs()).any():
-        print(f"max abs err {float(err.max()):.3e} on shape {entry.name}", file=sys.stderr)
+    bad = mismatch(out.cpu(), ref, *task.tolerance())
+    if bad:
+        print(f"{bad} on shape {entry.name}", file=sys.stderr)
         return WRONG_EXIT
     return 0
 
