@@ -115,6 +115,16 @@ def test_exported_cuda_msda(tmp_path: Path, build_cache: Path, monkeypatch):
     assert torch.equal(compiled(*args), fn(*args))
     eager, replayed = _graph(fn, *args)
     assert torch.equal(eager, replayed)
+    # training through the op: gradients come from the reference backward, on the GPU
+    v, loc, attn = (args[i].detach().clone().requires_grad_() for i in (0, 3, 4))
+    fn(v, args[1], args[2], loc, attn).float().square().sum().backward()
+    v64, loc64, attn64 = (args[i].detach().double().requires_grad_() for i in (0, 3, 4))
+    want = reference({**inputs, "value": v64, "sampling_locations": loc64, "attention_weights": attn64},
+                     dtype=torch.float64)
+    want.square().sum().backward()
+    for got, ref in ((v.grad, v64.grad), (loc.grad, loc64.grad), (attn.grad, attn64.grad)):
+        assert got.is_cuda and got.dtype == torch.float16
+        assert (got.double() - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3
     with pytest.raises(TypeError, match="value: dtype float32, but this kernel was compiled for float16"):
         fn(args[0].float(), *args[1:])
     with pytest.raises(ValueError, match="this kernel runs on cuda"):
@@ -139,6 +149,13 @@ def test_exported_cuda_sdpa(tmp_path: Path, build_cache: Path, monkeypatch):
     assert torch.equal(compiled(q, k, v), fn(q, k, v, is_causal=True))
     eager, replayed = _graph(lambda q, k, v: fn(q, k, v), q, k, v)
     assert torch.equal(eager, replayed)
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    fn(qg, kg, vg, is_causal=True).float().square().sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(q64, k64, v64, is_causal=True).square().sum().backward()
+    for got, ref in ((qg.grad, q64.grad), (kg.grad, k64.grad), (vg.grad, v64.grad)):
+        assert got.is_cuda and got.dtype == torch.float16
+        assert (got.double() - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3
     with pytest.raises(ValueError, match="head dim 128"):
         fn(*(torch.randn(1, 2, 8, 128).half().cuda() for _ in range(3)))
     with pytest.raises(TypeError, match="query: dtype bfloat16"):
