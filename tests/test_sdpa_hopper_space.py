@@ -1,0 +1,101 @@
+"""The Hopper-native SDPA spaces (search_spaces/sdpa_hopper_*.toml) and their template, without a GPU: every space
+loads, its constraints keep every valid genome inside shared memory and the consumers' setmaxnreg budget as the
+template computes it, rendered genomes carry the wgmma operand lists their tiles need, and the planted hang exists
+only where a test asks for it."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from evoengineer import SPACES_DIR
+from evoengineer.candidate import CandidateFactory
+from evoengineer.space import load_space
+
+SPACES = sorted(SPACES_DIR.glob("sdpa_hopper_*.toml"))
+SMEM_LIMIT = 232448  # 227 KB per block on sm_90
+
+
+def test_the_five_spaces_ship():
+    assert [p.stem for p in SPACES] == ["sdpa_hopper_bf16_d128", "sdpa_hopper_bf16_d64", "sdpa_hopper_fp16_d128",
+                                        "sdpa_hopper_fp16_d64", "sdpa_hopper_fp16_d64_large"]
+
+
+def _traits(source: str) -> dict[str, int]:
+    return {m[1]: int(m[2]) for m in re.finditer(r"static constexpr int (k\w+) = (\d+);", source)}
+
+
+@pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
+def test_space_constraints_match_the_template(space_file: Path):
+    space = load_space(space_file)
+    assert space.task == "sdpa" and space.template == "cuda/sdpa_hopper.cu.j2" and space.arch == "sm_90a"
+    assert "-gencode=arch=compute_90a,code=sm_90a" in space.cuda_flags
+    assert space.gates["max_spill_bytes"] == 0 and space.gates["max_registers"] == 255
+    sig = space.signature
+    assert sig["Q_DTYPE"] == sig["KV_DTYPE"] and sig["HEAD_DIM"] in (64, 128)
+    names = {s["name"] for s in space.shapes}
+    timed = [s for s in space.shapes if s.get("time")]
+    assert len(timed) == 1
+    assert {"s77", "s77_causal", "s500_b3", "s1000_causal", "sq300_sk77", "sq77_sk1000"} <= names
+    valid = space.valid_genomes()
+    assert len(valid) > 100
+    factory = CandidateFactory(space)
+    for g in random.Random(0).sample(valid, 12):
+        p = space.genome_to_params(g)
+        src = factory.make(p).source
+        t = _traits(src)  # the literal knobs; the rest the test derives as the template does
+        assert (t["kBlockM"], t["kBlockN"], t["kStages"], t["kConsumerWGs"]) == (
+            p["BLOCK_M"], p["BLOCK_N"], p["STAGES"], p["NUM_CONSUMER_WARPGROUPS"])
+        nc, mt = p["NUM_CONSUMER_WARPGROUPS"], p["BLOCK_M"] // (64 * p["NUM_CONSUMER_WARPGROUPS"])
+        threads, d = 128 * (nc + 1), sig["HEAD_DIM"]
+        assert mt in (1, 2)
+        smem = (1 + p["Q_PREFETCH"]) * p["BLOCK_M"] * d * 2 + 2 * p["STAGES"] * p["BLOCK_N"] * d * 2 + 1024
+        assert smem + 8 * (4 + 4 * p["STAGES"]) <= SMEM_LIMIT
+        # the register budget the constraint assumed is the one the template hands setmaxnreg
+        launch = min(65536 // threads // 8 * 8, 248)
+        assert t["kConsumerRegs"] == min(240, (launch * (nc + 1) - p["PRODUCER_REGS"]) // nc // 8 * 8)
+        assert mt * (p["BLOCK_N"] // 2 + p["BLOCK_N"] // 4 + d // 2) + 28 <= t["kConsumerRegs"]
+        assert nc == 1 or 128 * p["PRODUCER_REGS"] + 128 * nc * t["kConsumerRegs"] <= launch * threads
+        # wgmma shapes and operand lists: S is m64 x BLOCK_N (BLOCK_N / 2 fp32 registers), O is m64 x HEAD_DIM
+        ab = "bf16" if sig["Q_DTYPE"] == "bfloat16" else "f16"
+        assert f"wgmma.mma_async.sync.aligned.m64n{p['BLOCK_N']}k16.f32.{ab}.{ab}" in src
+        assert f"wgmma.mma_async.sync.aligned.m64n{sig['HEAD_DIM']}k16.f32.{ab}.{ab}" in src
+        qk = src[src.index("void wgmma_qk("):src.index("void wgmma_pv(")]
+        pv = src[src.index("void wgmma_pv("):src.index("float exp2_(")]
+        n_s, n_o = p["BLOCK_N"] // 2, d // 2
+        assert qk.count('"+f"(d[') == n_s and f"}}, %{n_s}, %{n_s + 1}, p, 1, 1, 0, 0;" in qk
+        a_regs = f"{{ %{n_o}, %{n_o + 1}, %{n_o + 2}, %{n_o + 3} }}, "
+        assert pv.count('"+f"(d[') == n_o and f'{a_regs}"\n        "%{n_o + 4}, p, 1, 1, 1;' in pv
+        assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src
+        assert ("setmaxnreg_dec<Tr::kProducerRegs>" in src) and ("kSetMaxNReg = kConsumerWGs > 1" in src)
+        assert "PLANTED FOR TESTS" not in src
+
+
+def test_constraints_turn_away_what_the_template_refuses():
+    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
+    base = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
+            "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True}
+    assert not space.violated(base)
+    for bad in ({"INTRA_WG_OVERLAP": False},                    # ping-pong turns are S and P V issued together
+                {"NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64},  # ping-pong needs two consumer warpgroups
+                {"PERSISTENT": False},                          # Q prefetch needs a next tile
+                {"BLOCK_M": 192},                               # 1.5 m64 tiles per warpgroup
+                {"PINGPONG": False, "NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64, "PRODUCER_REGS": 40},  # moot split
+                {"BLOCK_M": 256, "BLOCK_N": 176}):              # two m64 tiles of S, P and O exceed 240 registers
+        assert space.violated({**base, **bad}), bad
+    d128 = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128.toml")
+    # Q (two buffers) and four stages of 176-key K and V tiles at head dim 128: over 227 KB
+    assert d128.violated({**base, "BLOCK_N": 176, "STAGES": 4})
+
+
+def test_the_planted_hang_needs_the_test_flag_and_a_persistent_genome(tmp_path: Path):
+    text = (SPACES_DIR / "sdpa_hopper_fp16_d64.toml").read_text()
+    (tmp_path / "hang.toml").write_text(text.replace('KV_DTYPE = "float16"', 'KV_DTYPE = "float16"\nHANG_FOR_TESTS = true'))
+    space = load_space(tmp_path / "hang.toml")
+    p = space.genome_to_params(next(g for g in space.valid_genomes() if space.genome_to_params(g)["PERSISTENT"]))
+    factory = CandidateFactory(space)
+    assert "Tr::kKVBytes + 16" in factory.make(p).source
+    assert "PLANTED FOR TESTS" not in factory.make({**p, "PERSISTENT": False, "Q_PREFETCH": False}).source
