@@ -2,6 +2,7 @@
 
     python experiments/sdpa/benchmark.py --elite elite.json [--elite-fp8 elite_fp8.json] [--repeats 50] [--json F]
     python experiments/sdpa/benchmark.py --elite elite.json --revalidate [--runs 500] [--json F]
+    python experiments/sdpa/benchmark.py --grid --kernel NAME=elite.json [--kernel NAME=elite.json ...] [--json F]
 
 Default mode, per shape (B, H, S, D = 64; fp16 non-causal and causal, plus FP8 KV at the mission shape when
 --elite-fp8 is given): the elite's output is first compared with torch SDPA (max abs err; FP8 KV: fp16 SDPA on the
@@ -10,6 +11,11 @@ times under CUDA events, per-call time = median replay / calls (L2 warm: the sam
 backend (cuDNN, flash = FA2, memory-efficient) is timed the same way under `sdpa_kernel`; one that refuses the inputs
 is skipped with the reason. Also: which backend the default dispatch picks, and a per-call wall time of the elite and
 of default SDPA from Python (includes launch overhead).
+
+--grid: the issue-13 table. Every --kernel (rank 1 of its elite.json; the head dim comes from its space) on every
+shape of GRID_SHAPES with its head dim, causal and not, next to cuDNN, flash (FA2) and memory-efficient, all in this
+process on the same inputs, kernel-only (CUDA graph replay as above, L2 warm); per kernel: us, TFLOPS, x cuDNN, and the
+max abs error against fp16 SDPA. The best kernel of each row is named with its ratio to cuDNN.
 
 --revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
 events, L2 flushed before every call: evoengineer.evaluators.timing.time_callable), p50/p90/p99 next to the
@@ -45,6 +51,9 @@ from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original  # noqa: E402
 #: (B, H, S, D): the mission shape, its ragged twin, then two larger ones.
 SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 4096, 64)]
 FP8_SHAPES = [(2, 8, 512, 64)]
+#: (B, H, S, D) of the --grid table (issue 13): mission, ragged mission, two large d64, three d128.
+GRID_SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128),
+               (16, 16, 1024, 128), (2, 8, 512, 128)]
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -226,9 +235,77 @@ def revalidate(doc: dict, space, a) -> list[dict]:
     return rows
 
 
+def grid(a) -> list[dict]:
+    """Every --kernel on every GRID_SHAPES row of its head dim, causal and not, next to the torch backends."""
+    kernels = []  # (name, head dim, task, module, params)
+    for spec in a.kernel:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise SystemExit(f"--kernel {spec!r}: expected NAME=elite.json")
+        doc, space = load_doc(path)
+        task, (module,) = build(space, [doc["elites"][0]["params"]], Path(a.cache_dir))
+        kernels.append((name, space.signature["HEAD_DIM"], task, module, doc["elites"][0]["params"]))
+        print(f"kernel {name}: {doc['space']} rank 1 {json.dumps(doc['elites'][0]['params'], separators=(',', ':'))}")
+    print(f"kernel-only: CUDA graph of {a.graph_calls} back-to-back calls, median of {a.repeats} replays / "
+          f"{a.graph_calls}, L2 warm (same inputs every call); x = cuDNN time / kernel time")
+    rows = []
+    for B, H, S, D in GRID_SHAPES:
+        mine = [k for k in kernels if k[1] == D]
+        if not mine:
+            continue
+        for causal in (False, True):
+            shape = SDPAShape(f"b{B}h{H}s{S}d{D}", B=B, H=H, Sq=S, Sk=S, causal=causal)
+            task0 = mine[0][2]
+            inputs = task0.make_inputs(shape, seed=1234)
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal).double()
+            row = {"shape": [B, H, S, D], "causal": causal, "tflop": task0.flops(shape) / 1e12, "backends_us": {},
+                   "refused": {}, "kernels": {}}
+            for name, backend in BACKENDS.items():
+                try:
+                    with sdpa_kernel(backend):
+                        row["backends_us"][name] = graph_us(
+                            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), a.graph_calls, a.repeats)
+                except RuntimeError as exc:
+                    row["refused"][name] = first_line(exc)
+            for name, _, task, module, _ in mine:
+                out = task.new_output(inputs)
+                task.launch(module, inputs, out)
+                torch.cuda.synchronize()
+                us = graph_us(lambda: task.launch(module, inputs, out), a.graph_calls, a.repeats)
+                row["kernels"][name] = {"us": us, "tflops": row["tflop"] / (us * 1e-6),
+                                        "max_abs_err": float((out.double() - want).abs().max())}
+                if "cudnn" in row["backends_us"]:
+                    row["kernels"][name]["x_cudnn"] = row["backends_us"]["cudnn"] / us
+                del out
+            best = min(row["kernels"], key=lambda n: row["kernels"][n]["us"])
+            row["best"] = best
+            rows.append(row)
+            del inputs, q, k, v, want
+            torch.cuda.empty_cache()
+    names = [k[0] for k in kernels]
+    print(f"{'B,H,S,D':<16}{'causal':<7}" + "".join(f"{n + ' us':>12}" for n in BACKENDS)
+          + "".join(f"{n + ' us':>16}{'TF':>6}{'x cuDNN':>8}" for n in names) + "  best")
+    for r in rows:
+        b = r["backends_us"]
+        line = f"{','.join(map(str, r['shape'])):<16}{str(r['causal']):<7}" + "".join(
+            f"{b[n]:>12.1f}" if n in b else f"{'-':>12}" for n in BACKENDS)
+        for n in names:
+            k = r["kernels"].get(n)
+            line += (f"{k['us']:>16.1f}{k['tflops']:>6.0f}{k.get('x_cudnn', float('nan')):>8.2f}" if k
+                     else f"{'':>16}{'':>6}{'':>8}")
+        kb = r["kernels"][r["best"]]
+        print(line + f"  {r['best']} {kb.get('x_cudnn', float('nan')):.2f}x (err {kb['max_abs_err']:.1e})")
+        for n, why in r["refused"].items():
+            print(f"      {n} refused: {why}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--elite", required=True, help="elite.json of sdpa_fp16_d64 (or another D = 64 fp16 space)")
+    ap.add_argument("--elite", help="elite.json of sdpa_fp16_d64 (or another D = 64 fp16 space)")
+    ap.add_argument("--grid", action="store_true", help="the issue-13 table over GRID_SHAPES (needs --kernel)")
+    ap.add_argument("--kernel", action="append", default=[], help="--grid: NAME=elite.json (repeatable)")
     ap.add_argument("--elite-fp8", help="elite.json of sdpa_fp8kv_d64: adds FP8-KV rows")
     ap.add_argument("--repeats", type=int, default=50, help="graph replays per measurement (default 50)")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph (default 20)")
@@ -237,6 +314,17 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
+    if a.grid:
+        if not a.kernel:
+            ap.error("--grid needs at least one --kernel NAME=elite.json")
+        print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN "
+              f"{torch.backends.cudnn.version()}")
+        rows = grid(a)
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=2))
+        return 0
+    if not a.elite:
+        ap.error("--elite is required (or --grid with --kernel)")
     doc, space = load_doc(a.elite)
     print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN "
           f"{torch.backends.cudnn.version()} | elite {doc['space']} rank 1 {json.dumps(doc['elites'][0]['params'])}")
