@@ -74,6 +74,36 @@ def build_cache(tmp_path_factory) -> Path:
     return Path(given) if given else tmp_path_factory.mktemp("evocache")
 
 
+def assert_right_call_after_call(task, module, big, small) -> None:
+    """An SDPA kernel gives the right answer (within the task's tolerance, all finite) on every call: twice on `big`,
+    after a call on `small` (another grid), and from two replays of a CUDA graph of a call on `big` (output
+    NaN-poisoned before each replay). For persistent kernels, whose per-launch state must not leak."""
+    import torch
+
+    atol, rtol = task.tolerance()
+
+    def check(inputs, out):
+        torch.cuda.synchronize()
+        ref = task.reference(inputs)
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all(), float((out.double() - ref).abs().max())
+
+    for inputs in (big, big, small, big):
+        out = task.new_output(inputs)
+        task.launch(module, inputs, out)
+        check(inputs, out)
+    out = task.new_output(big)
+    task.launch(module, big, out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        task.launch(module, big, out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        check(big, out)
+
+
 @pytest.fixture
 def faults_dir(tmp_path: Path) -> Path:
     """A folder with the test-only faults space and template."""

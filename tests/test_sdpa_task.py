@@ -17,8 +17,9 @@ from evoengineer.space.spec import SearchSpace
 from evoengineer.tasks import sdpa
 from evoengineer.tasks.base import get_task
 
-# the mma.sync family (the Hopper-native one has tests/test_gpu_sdpa_hopper.py)
-SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_*.toml") if not p.stem.startswith("sdpa_hopper_"))
+# the mma.sync family's spaces (the Hopper-native template has tests/test_gpu_sdpa_hopper.py)
+SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_*.toml")
+                if 'template = "cuda/sdpa.cu.j2"' in p.read_text())
 FP8 = torch.float8_e4m3fn
 
 
