@@ -65,3 +65,29 @@ def test_default_search_on_cpu_then_cached_rebuild(tmp_path: Path, build_cache: 
     assert main(again) == 0
     metrics = [json.loads(r[0]) for r in con.execute("select metrics from candidates where run_id = 2")]
     assert len(metrics) == 4 and all(m["build_cached"] and m["build_s"] == 0.0 for m in metrics)
+
+
+def test_a_relative_cache_dir_builds(faults_dir: Path, build_cache: Path, tmp_path: Path, monkeypatch):
+    """--cache-dir given relative to the working folder: candidates still link against the family binding (the
+    linker runs inside each build's own folder, so the cache path must be made absolute first)."""
+    import shutil
+
+    space = load_space(faults_dir / "faults_space.toml")
+    task = get_task(space)
+    warm = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                   cache_dir=build_cache, jobs=1)
+    try:
+        assert warm.binding()["status"] == "ok"
+        src = Path(warm.binding()["so"]).parent
+    finally:
+        warm.close()
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(src, tmp_path / "rel" / "bindings" / src.name)  # the binding cached, the candidate not
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir="rel", jobs=1)
+    try:
+        r = b.submit(CandidateFactory(space).make({"FAULT": "none", "D_VEC": 4})).result()
+    finally:
+        b.close()
+    assert r.status == "ok" and not r.cached, (r.status, r.reason)
+    assert Path(r.so).is_absolute() and Path(r.so).is_relative_to(tmp_path / "rel")

@@ -23,15 +23,16 @@ BOOLS = ("PINGPONG", "INTRA_WG_OVERLAP", "PERSISTENT", "Q_PREFETCH", "FAST_EXP")
 
 
 def _picks(space, n: int = 4, seed: int = 1) -> list:
-    """First and last valid genomes, n random ones, one with each boolean gene on, one per consumer-warpgroup count
-    and per BLOCK_N."""
+    """First and last valid genomes, n random ones, one with each boolean gene on, one per consumer-warpgroup count,
+    per BLOCK_N and per cluster size, and a persistent 2-CTA cluster."""
     valid = space.valid_genomes()
     rnd = random.Random(seed)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(n, len(valid)))}
     params = {g: space.genome_to_params(g) for g in valid}
     for gene in BOOLS:
         picks.add(rnd.choice([g for g in valid if params[g][gene]]))
-    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N"):
+    picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2]))
+    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE"):
         for value in sorted({p[gene] for p in params.values()}):
             picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
     return sorted(picks)
@@ -57,9 +58,23 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
         assert m.metrics["speedup_vs"]["sdpa"] > 0 and m.metrics["time_us"] > 0
 
 
-def test_persistent_kernel_is_right_call_after_call(build_cache: Path):
-    """A persistent, ping-pong, Q-prefetching kernel gives the right answer on every call: twice in a row, after a
-    call on another shape (another grid and tile count), and from two replays of a CUDA graph."""
+PERSISTENT_GENOMES = {
+    # ping-pong, Q prefetch, one CTA per SM
+    "pingpong": {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
+                 "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
+                 "CLUSTER_SIZE": 1},
+    # 2-CTA clusters with K/V multicast: 192-row q-blocks give an odd block count at Sq = 500 (a cluster with a CTA
+    # past the end) and causal pairs whose lighter CTA frees tiles it does not compute on
+    "cluster": {"BLOCK_M": 192, "BLOCK_N": 96, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 3, "PRODUCER_REGS": 24,
+                "PINGPONG": False, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": False,
+                "CLUSTER_SIZE": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PERSISTENT_GENOMES))
+def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path):
+    """A persistent kernel gives the right answer on every call: twice in a row, after a call on another shape
+    (another grid and tile count), and from two replays of a CUDA graph."""
     from evoengineer.compiler.builder import Builder
     from evoengineer.compiler.steps import load_module
     from evoengineer.tasks.base import get_task
@@ -67,8 +82,7 @@ def test_persistent_kernel_is_right_call_after_call(build_cache: Path):
 
     space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
     task = get_task(space)
-    params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
-              "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True}
+    params = PERSISTENT_GENOMES[name]
     assert not space.violated(params)
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
                 cache_dir=build_cache)
@@ -96,7 +110,8 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     (tmp_path / "hang.toml").write_text(text)
     space = load_space(tmp_path / "hang.toml")
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
-              "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True}
+              "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
+              "CLUSTER_SIZE": 1}
     factory = CandidateFactory(space)
     hang, fine = factory.make(params), factory.make({**params, "PERSISTENT": False})
     assert "PLANTED FOR TESTS" in hang.source and "PLANTED FOR TESTS" not in fine.source

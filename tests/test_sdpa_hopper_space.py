@@ -72,13 +72,18 @@ def test_space_constraints_match_the_template(space_file: Path):
         assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src
         assert ("setmaxnreg_dec<Tr::kProducerRegs>" in src) and ("kSetMaxNReg = kConsumerWGs > 1" in src)
         assert "PLANTED FOR TESTS" not in src
+        # 2-CTA clusters: compiled-in cluster shape, K/V multicast of half-tiles, cluster-wide "empty" arrivals
+        clustered = p["CLUSTER_SIZE"] == 2
+        assert t["kCluster"] == p["CLUSTER_SIZE"] and (" __cluster_dims__(2, 1, 1)" in src) == clustered
+        assert t["kBlockN"] // t["kCluster"] % 8 == 0
 
 
 def test_constraints_turn_away_what_the_template_refuses():
     space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
     base = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
-            "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True}
-    assert not space.violated(base)
+            "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
+            "CLUSTER_SIZE": 1}
+    assert not space.violated(base) and not space.violated({**base, "CLUSTER_SIZE": 2})
     for bad in ({"INTRA_WG_OVERLAP": False},                    # ping-pong turns are S and P V issued together
                 {"NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64},  # ping-pong needs two consumer warpgroups
                 {"PERSISTENT": False},                          # Q prefetch needs a next tile
@@ -99,3 +104,18 @@ def test_the_planted_hang_needs_the_test_flag_and_a_persistent_genome(tmp_path: 
     factory = CandidateFactory(space)
     assert "Tr::kKVBytes + 16" in factory.make(p).source
     assert "PLANTED FOR TESTS" not in factory.make({**p, "PERSISTENT": False, "Q_PREFETCH": False}).source
+
+
+def test_cluster_genomes_render_multicast_and_cluster_wide_release():
+    space = load_space(SPACES_DIR / "sdpa_hopper_bf16_d128.toml")
+    factory = CandidateFactory(space)
+    valid = [space.genome_to_params(g) for g in space.valid_genomes()]
+    assert {p["CLUSTER_SIZE"] for p in valid} == {1, 2}
+    one = next(p for p in valid if p["CLUSTER_SIZE"] == 1)
+    two = factory.make({**one, "CLUSTER_SIZE": 2}).source
+    assert "__cluster_dims__(2, 1, 1)" in two and "__cluster_dims__" not in factory.make(one).source
+    assert ".multicast::cluster" in two and "mapa.shared::cluster" in two and "barrier.cluster.arrive" in two
+    # a CTA may not exit while the other one can still arrive on its barriers: the producer's tail is compiled in
+    assert "if constexpr (Tr::kCluster > 1)" in two and "kKVRowsPerCTA = kBlockN / kCluster" in two
+    # BLOCK_N whose half is not a whole swizzle atom is refused for clusters (a custom space could offer it)
+    assert "BLOCK_N % (8 * CLUSTER_SIZE) == 0" in [c.text for c in space.constraints]

@@ -29,7 +29,7 @@ CACHED_FAILURES = ("compile_error", "link_error", "gate_failed")
 
 def default_cache_dir() -> Path:
     env = os.environ.get("EVOENGINEER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "evoengineer"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "evoengineer"
 
 
 @dataclass
@@ -58,7 +58,8 @@ class Builder:
         self.entry = entry
         self.signature = signature  # "KEY=VALUE;..." handed to the binding, which refuses other inputs
         self.binding_path = (TEMPLATES_DIR / binding).resolve()
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        # absolute: the linker runs in each build's own folder, where a relative -L to the binding would miss
+        self.cache_dir = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()).resolve()
         self.jobs = max(1, jobs or os.cpu_count() or 1)
         self.toolchain = toolchain(space.backend)
         self.cflags = list(space.build_flags)

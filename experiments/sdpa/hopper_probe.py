@@ -31,7 +31,8 @@ from evoengineer.tasks.base import get_task  # noqa: E402
 from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
 
 BASE = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
-        "PINGPONG": False, "INTRA_WG_OVERLAP": False, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True}
+        "PINGPONG": False, "INTRA_WG_OVERLAP": False, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
+        "CLUSTER_SIZE": 1}
 SPREAD = [
     {"NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64},
     {},
@@ -41,6 +42,8 @@ SPREAD = [
     {"INTRA_WG_OVERLAP": True, "BLOCK_N": 176, "STAGES": 3},
     {"NUM_CONSUMER_WARPGROUPS": 3, "BLOCK_M": 192, "INTRA_WG_OVERLAP": True},
     {"BLOCK_M": 256, "BLOCK_N": 64, "INTRA_WG_OVERLAP": True, "PERSISTENT": True},
+    {"NUM_CONSUMER_WARPGROUPS": 3, "BLOCK_M": 192, "INTRA_WG_OVERLAP": True, "CLUSTER_SIZE": 2},
+    {"INTRA_WG_OVERLAP": True, "PINGPONG": True, "PERSISTENT": True, "Q_PREFETCH": True, "CLUSTER_SIZE": 2},
 ]
 CHECKS = [dict(B=1, H=2, Sq=77, Sk=77, causal=False), dict(B=3, H=2, Sq=500, Sk=500, causal=True),
           dict(B=2, H=3, Sq=300, Sk=77, causal=True), dict(B=1, H=1, Sq=77, Sk=1000, causal=False)]
