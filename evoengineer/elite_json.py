@@ -15,8 +15,10 @@ SCHEMA = "evoengineer/elite-v1"
 
 
 def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, evaluations: int,
-                   run_status: str) -> dict[str, Any]:
-    """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords)."""
+                   run_status: str, retime_note: str = "") -> dict[str, Any]:
+    """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords).
+    A finished run's elites are ranked by their re-timed p50 when they were re-timed (`retiming` says how, or why
+    not: `retime_note`)."""
     common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint,
               "build": build_record(space, run)}
     return {
@@ -37,9 +39,10 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "generation": generation,
         "evaluations": evaluations,
         "fingerprint": run.fingerprint,
+        "retiming": _retiming(elites, run_status, retime_note),
         "elites": [
             {"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, "status": e.status,
-             "generation": e.generation, **_certification(e, run_status), **common,
+             "generation": e.generation, **_certification(e, run_status), **_timing(e), **common,
              "source_sha256": sha256_text(e.source), "source": e.source}
             for i, e in enumerate(elites, start=1)
         ],
@@ -54,6 +57,33 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
             "flags": list(space.build_flags), "cuda_flags": list(space.cuda_flags), "ldflags": list(space.ldflags),
             "gates": dict(space.gates), "template": space.template, "template_sha256": run.template_sha256,
             "toolchain": (run.fingerprint or {}).get("toolchain")}
+
+
+_SESSION_KEYS = ("finalists", "rounds", "repeats", "baseline", "noise_cv", "cache", "pinning", "replay")
+
+
+def _retiming(elites: list[Any], run_status: str, note: str) -> dict[str, Any]:
+    """How the elites were ranked: by the re-timed p50 of the finalists timed together at the end of the run
+    (with the session's settings and the machine's noise: the CV of the baseline's per-round p50), or by the
+    search's own p50 (and why)."""
+    infos = [e.metrics.get("retime") for e in elites]
+    if infos and all(isinstance(i, dict) and "p50_us" in i for i in infos):
+        first = infos[0]
+        return {"ranked_by": "re-timed p50", **{k: first[k] for k in _SESSION_KEYS if k in first},
+                "flagged": sum(1 for i in infos if i.get("flag"))}
+    why = note or ("pending: the finalists are re-timed when the run finishes" if run_status != "finished"
+                   else "not re-timed (retime_finalists = 0, or no correct candidate)")
+    return {"ranked_by": "search p50", "reason": why}
+
+
+def _timing(e: Any) -> dict[str, Any]:
+    """Both timings of an elite: the search's p50 and, if it was re-timed, the re-timed p50 with its spread."""
+    info = e.metrics.get("retime")
+    out: dict[str, Any] = {"search_p50_us": e.metrics.get("time_us")}
+    if isinstance(info, dict) and "p50_us" in info:
+        out["retimed"] = {k: info[k] for k in ("p50_us", "p10_us", "p90_us", "median_ci95_us", "ratio", "round_cv",
+                                               "tolerance", "flag", "calls") if k in info}
+    return out
 
 
 def _certification(e: Any, run_status: str) -> dict[str, Any]:
@@ -132,11 +162,14 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
 def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """Header and one row per elite: rank, p50/p90, speedup, errors, sanitizer verdict, hash, params (text
     cells)."""
-    rows = [("rank", "p50 us", "p90 us", "speedup", "max err", "sanitizer", "hash", "params")]
+    rows = [("rank", "p50 us", "p90 us", "re-timed", "speedup", "max err", "sanitizer", "hash", "params")]
     for e in elites:
         m = e.get("metrics", {})
         verdict = e.get("sanitizer") or m.get("sanitizer") or {}
-        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
+        rt = e.get("retimed") or m.get("retime") or {}
+        retimed = _num(rt.get("p50_us")) + (" !" if rt.get("flag") else "")
+        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), retimed,
+                     _num(m.get("speedup")),
                      _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")), str(e.get("hash", ""))[:12],
                      " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
     return rows

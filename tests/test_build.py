@@ -56,7 +56,22 @@ def test_default_search_on_cpu_then_cached_rebuild(tmp_path: Path, build_cache: 
         assert m["time_us"] > 0 and m["speedup"] > 0 and m["baseline"] == "reference"
         assert m["max_abs_err"] < 1e-4 and m["repeats"] == 20 and "warm" in m["timing"]
         assert "MsdaTraits" in e["source"]
+    # the finalists (2 x K) were re-timed together on fresh inputs, threads pinned, the baseline's noise recorded
+    rt = doc["retiming"]
+    assert rt["ranked_by"] == "re-timed p50" and rt["finalists"] == 2 and rt["rounds"] == 5
+    assert "OMP_PROC_BIND=" in rt["pinning"] and rt["baseline"] == "reference" and rt["noise_cv"] >= 0
+    for e in doc["elites"]:
+        r = e["retimed"]
+        assert r["calls"] == 5 * 20 and r["p10_us"] <= r["p50_us"] <= r["p90_us"] and r["ratio"] > 0
+        assert isinstance(r["flag"], str) and e["search_p50_us"] == e["metrics"]["time_us"]
     con = sqlite3.connect(tmp_path / "s.db")
+    retimes = [json.loads(r[0])["retime"] for r in con.execute("select metrics from candidates where run_id = 1")
+               if "retime" in json.loads(r[0])]
+    assert len(retimes) == 2 and all(len(x["positions"]) == 5 for x in retimes)
+    # round-robin: in each round (2 finalists + the baseline) both finalists ran, the first one alternating
+    assert sorted(p for x in retimes for p in x["positions"]) == [0, 1, 3, 4, 6, 7, 9, 10, 12, 13]
+    assert {x["positions"][0] for x in retimes} == {0, 1}
+    assert all(x["positions"][0] % 3 != x["positions"][1] % 3 for x in retimes)  # round 2 starts with the other
     metrics = [json.loads(r[0]) for r in con.execute("select metrics from candidates where run_id = 1")]
     assert len(metrics) == 6 and all("build_s" in m for m in metrics)
     # a new run with the same seed starts from the same population: those builds all come from the cache

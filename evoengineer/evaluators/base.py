@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
+from evoengineer.evaluators.retiming import Retiming
 
 OK = "ok"
 STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
@@ -64,6 +65,11 @@ class Evaluator(ABC):
         {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker
         (the elites are published uncertified)."""
         return {}
+
+    def retime(self, candidates: Sequence[Candidate], *, session: str) -> "Retiming | None":
+        """Time finalists again, together (evaluators/retiming.py): rounds of interleaved timings on fresh inputs.
+        None when this evaluator cannot (the elites keep the ranking of their first timing)."""
+        return None
 
     def fingerprint(self) -> dict[str, Any]:
         """What this evaluator adds to the machine fingerprint (e.g. the GPU it measures on)."""

@@ -18,8 +18,12 @@ from evoengineer import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.candidate import Candidate
 from evoengineer.evaluators.base import Evaluator, Measurement
+from evoengineer.evaluators.retiming import Retiming
 from evoengineer.space.spec import SearchSpace
 from evoengineer.tasks.base import get_task
+
+
+PINNING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
 
 
 class WorkerFailure(Exception):
@@ -38,6 +42,10 @@ class WorkerProcess:
         self.log = tempfile.NamedTemporaryFile(prefix="evo-worker-", suffix=".log", delete=False)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        # CPU kernels time with OpenMP threads pinned to cores (unless the user chose otherwise): a thread that
+        # migrates mid-measurement is noise, not the kernel
+        for key, value in PINNING.items():
+            env.setdefault(key, value)
         self.proc = subprocess.Popen([sys.executable, "-m", "evoengineer.evaluators.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True)
         self._buf = b""
@@ -210,6 +218,48 @@ class LocalEvaluator(Evaluator):
         verdicts.update(certify(built, space_text=self.space.text, space_path=str(self.space.path or ""),
                                 tools=tools, timeout_s=float(self.settings["sanitizer_timeout_s"])))
         return verdicts
+
+    def retime(self, candidates: Sequence[Candidate], *, session: str) -> Retiming | None:
+        """The finalists timed together in the worker: `retime_rounds` rounds of `retime_repeats` calls each,
+        round-robin, on fresh inputs (checked first). A hang or crash of the worker fails the re-timing as a whole
+        (the notes say why); the search's ranking then stands."""
+        st = self.settings
+        rounds, repeats = int(st["retime_rounds"]), int(st["retime_repeats"]) or int(st["repeats"])
+        dropped: dict[str, tuple[str, str]] = {}
+        built = []
+        for c in candidates:
+            b = self.builder.submit(c).result()
+            if b.status == "ok":
+                built.append({"hash": c.hash, "so": b.so, "module": b.module})
+            else:
+                dropped[c.hash] = (b.status, b.reason)
+        notes: dict[str, Any] = {"rounds": rounds, "repeats": repeats}
+        if self.space.backend == "cpu":
+            notes["pinning"] = " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PINNING.items())
+        if not built:
+            return Retiming(samples={}, dropped=dropped, notes=notes)
+        per_candidate = float(st["timeout_s"]) * max(1.0, rounds * repeats / (int(st["warmup"]) + int(st["repeats"])))
+        try:
+            reply = self._worker().request({"cmd": "retime", "session": session, "rounds": rounds,
+                                            "repeats": repeats, "candidates": built},
+                                           per_candidate * len(built) + float(st["timeout_s"]))
+        except WorkerFailure as f:
+            if self.worker is not None:
+                self.worker.kill()
+                self.worker = None
+            return Retiming(samples={}, dropped=dropped, notes={**notes, "failed": f"{f.status}: {f.reason}"})
+        if not reply.get("ok"):
+            if reply.get("fatal") and self.worker is not None:
+                self.worker.kill()
+                self.worker = None
+            return Retiming(samples={}, dropped=dropped,
+                            notes={**notes, "failed": f"{reply.get('status')}: {reply.get('reason', '')}"})
+        for h, why in reply["dropped"].items():
+            dropped[h] = (why["status"], why["reason"])
+        base = reply["baseline"]
+        return Retiming(samples=reply["samples"], dropped=dropped, baseline=base["name"],
+                        baseline_p50_us=base["p50_per_round"], order=reply["order"],
+                        notes={**notes, "cache": reply["cache"]})
 
     # ---- the evaluator interface --------------------------------------------------------------------------------
     def evaluate(self, candidate: Candidate) -> Measurement:

@@ -7,11 +7,12 @@ import hashlib
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
+from evoengineer.evaluators.retiming import Retiming
 from evoengineer.space.spec import SearchSpace, canonical_text
 
 Key = tuple[str, ...]
@@ -124,6 +125,7 @@ class ReplayEvaluator(Evaluator):
     def __init__(self, landscape: str | Path, space: SearchSpace, *, check: bool = True, delay_s: float = 0.0,
                  log_path: str | Path | None = None):
         self.landscape = Landscape(landscape, space)
+        self.space = space
         self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
         self.log_path = Path(log_path) if log_path else None  # audit trail: one line per measurement asked for
         if check:
@@ -140,6 +142,26 @@ class ReplayEvaluator(Evaluator):
             with open(self.log_path, "a") as f:
                 f.write(f"{candidate.hash} {m.status}\n")
         return m
+
+    def retime(self, candidates: Sequence[Candidate], *, session: str) -> Retiming:
+        """The recorded time again, once per round, in the order a real re-timing would run (round-robin): a
+        landscape has one measurement per configuration, so re-timing confirms it and never reorders."""
+        from evoengineer.tasks.settings import evaluation_settings
+
+        rounds = int(evaluation_settings(self.space)["retime_rounds"])
+        samples: dict[str, list[list[float]]] = {}
+        dropped: dict[str, tuple[str, str]] = {}
+        for c in candidates:
+            m = self.landscape.lookup(c.params)
+            if m.ok:
+                samples[c.hash] = [[m.time_us] for _ in range(rounds)]
+            else:
+                dropped[c.hash] = (m.status, m.reason)
+        hashes = list(samples)
+        order = [h for r in range(rounds) for h in hashes[r % len(hashes):] + hashes[:r % len(hashes)]] \
+            if hashes else []
+        return Retiming(samples=samples, dropped=dropped, order=order,
+                        notes={"rounds": rounds, "repeats": 1, "replay": "the landscape's recorded time"})
 
 
 EXPORT_METRICS = ("time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",

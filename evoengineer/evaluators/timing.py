@@ -28,13 +28,22 @@ def _noop(_: int) -> None:
     return None
 
 
+def time_samples(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, flush_l2: bool = True) -> list[float]:
+    """The per-call samples (microseconds) that `time_callable` summarizes."""
+    return time_callable(fn, device=device, warmup=warmup, repeats=repeats, flush_l2=flush_l2,
+                         keep_samples=True)["samples"]
+
+
 def time_callable(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, flush_l2: bool = True,
-                  before: Hook = None, after: Hook = None) -> dict[str, Any]:
-    """Time `fn()`; returns p50/p90/p99/min in microseconds, n, and the cache condition. Calls are numbered
-    0 .. warmup + repeats - 1 for the hooks; only the last `repeats` are timed."""
+                  before: Hook = None, after: Hook = None, keep_samples: bool = False) -> dict[str, Any]:
+    """Time `fn()`; returns p50/p90/p99/min in microseconds, n, and the cache condition (and the samples with
+    keep_samples). Calls are numbered 0 .. warmup + repeats - 1 for the hooks; only the last `repeats` are timed."""
     before, after = before or _noop, after or _noop
     if device == "cuda":
-        return _time_cuda(fn, warmup, repeats, flush_l2, before, after)
+        out = _time_cuda(fn, warmup, repeats, flush_l2, before, after)
+        if not keep_samples:
+            out.pop("samples")
+        return out
     for i in range(warmup):
         before(i)
         fn()
@@ -46,7 +55,8 @@ def time_callable(fn: Callable[[], Any], *, device: str, warmup: int, repeats: i
         fn()
         samples.append((time.perf_counter_ns() - t0) / 1e3)
         after(i)
-    return {**percentiles(samples), "cache": "warm (CPU, same inputs every call)"}
+    return {**percentiles(samples), "cache": "warm (CPU, same inputs every call)",
+            **({"samples": samples} if keep_samples else {})}
 
 
 def _time_cuda(fn: Callable[[], Any], warmup: int, repeats: int, flush_l2: bool, before: Callable[[int], Any],
@@ -71,4 +81,4 @@ def _time_cuda(fn: Callable[[], Any], warmup: int, repeats: int, flush_l2: bool,
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
     cache = "L2 flushed before every call" if flush_l2 else "L2 warm (same inputs every call)"
-    return {**percentiles(samples), "cache": cache}
+    return {**percentiles(samples), "cache": cache, "samples": samples}

@@ -318,6 +318,93 @@ class Session:
         return {"status": "ok", "reason": "", "metrics": metrics}
 
 
+    # ---- re-timing of the finalists ---------------------------------------------------------------------------
+    def retime(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time the finalists together on fresh inputs: `rounds` rounds, each timing every candidate (and the first
+        baseline) for `repeats` calls, the order rotated by one every round (round-robin interleaving, so drift of
+        the machine hits every candidate alike). Each candidate's output on the fresh inputs is checked against the
+        reference first. Returns per hash the samples per round (or why it was dropped), the baseline's per-round
+        p50s and the order the timings ran in."""
+        from evoengineer.compiler.steps import load_module
+
+        session, rounds, repeats = str(msg["session"]), int(msg["rounds"]), int(msg["repeats"])
+        warmup = max(1, int(self.settings["warmup"]) // 4)
+        sets = {e.name: self._input_set(e, self._seed(e.name, 0, f"retime/{session}"), with_ref=True)
+                for e in self.task.entries if e.time}
+        loaded: dict[str, Any] = {}
+        dropped: dict[str, dict[str, str]] = {}
+        for c in msg["candidates"]:
+            try:
+                module = load_module(c["so"], c["module"])
+            except ImportError as exc:
+                dropped[c["hash"]] = {"status": "link_error", "reason": f"does not load: {exc}"[:300]}
+                continue
+            try:
+                for s in sets.values():  # right on inputs it has never seen, before it is timed on them
+                    out = self._output(s)
+                    self._poison(out.tensor)
+                    self.task.launch(module, s.inputs, out.tensor)
+                    self._sync()
+                    where = f"re-timing inputs of {s.where}"
+                    self._verify_memory(s, out, where)
+                    self._against_reference(out.tensor, s.ref, where)
+                loaded[c["hash"]] = module
+            except Rejected as r:
+                dropped[c["hash"]] = {"status": "wrong", "reason": r.reason}
+            finally:
+                for s in sets.values():
+                    s.inputs.verify_and_restore()
+        base_fn = None
+        bases = self.task.baselines()
+        if bases:
+            name, fn = next(iter(bases.items()))
+            base_fn = (name, lambda: [fn(s.inputs) for s in sets.values()])
+        elif self.kernels:
+            name, module = next(iter(self.kernels.items()))
+            base_outs = {n: self.task.new_output(s.inputs) for n, s in sets.items()}
+            base_fn = (name, lambda: [self.task.launch(module, s.inputs, base_outs[n]) for n, s in sets.items()])
+        outs = {h: {n: self.task.new_output(s.inputs) for n, s in sets.items()} for h in loaded}
+        st = self.settings
+        samples: dict[str, list[list[float]]] = {h: [] for h in loaded}
+        baseline: list[float] = []
+        order: list[str] = []
+        hashes = list(loaded)
+        for r in range(rounds):
+            turn = hashes[r % len(hashes):] + hashes[:r % len(hashes)] if hashes else []
+            for h in turn:
+                module = loaded[h]
+                per_round = []
+                for n, s in sets.items():  # a candidate's time is the sum over the timed shapes, as in the search
+                    t = self._time_n(lambda module=module, s=s, out=outs[h][n]: self.task.launch(module, s.inputs, out),
+                                     warmup, repeats)
+                    per_round.append(t)
+                samples[h].append([sum(x) for x in zip(*per_round)])
+                order.append(h)
+            if base_fn is not None:
+                baseline.append(float(self._percentile50(self._time_n(base_fn[1], warmup, repeats))))
+                order.append(f"baseline:{base_fn[0]}")
+        self._restore_inputs()
+        for s in sets.values():
+            s.inputs.verify_and_restore()
+        return {"ok": True, "samples": samples, "dropped": dropped, "order": order,
+                "baseline": {"name": base_fn[0] if base_fn else None, "p50_per_round": baseline},
+                "cache": "L2 flushed before every call" if (self.task.device == "cuda" and st["l2_flush"])
+                else ("L2 warm (same inputs every call)" if self.task.device == "cuda" else "warm (CPU)")}
+
+    def _time_n(self, fn, warmup: int, repeats: int) -> list[float]:
+        """Per-call microseconds of `repeats` calls after `warmup` (the search's timing method and cache setting)."""
+        from evoengineer.evaluators.timing import time_samples
+
+        return time_samples(fn, device=self.task.device, warmup=warmup, repeats=repeats,
+                            flush_l2=bool(self.settings["l2_flush"]))
+
+    @staticmethod
+    def _percentile50(xs: list[float]) -> float:
+        ys = sorted(xs)
+        n = len(ys)
+        return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
@@ -337,6 +424,9 @@ def main() -> None:
             elif msg["cmd"] == "eval":
                 assert session is not None, "eval before init"
                 reply(session.evaluate(msg))
+            elif msg["cmd"] == "retime":
+                assert session is not None, "retime before init"
+                reply(session.retime(msg))
             elif msg["cmd"] == "quit":
                 break
         except Exception as exc:

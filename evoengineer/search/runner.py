@@ -6,6 +6,8 @@ A strategy hands it genomes; the runner answers repeats from the run's store at 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,10 @@ from evoengineer.store import CandidateRecord, RunInfo, Store
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, candidate_hash
 from evoengineer.errors import UserError
+from evoengineer.evaluators import retiming
 from evoengineer.evaluators.base import Evaluator
+from evoengineer.evaluators.retiming import Retiming
+from evoengineer.tasks.settings import evaluation_settings
 from evoengineer.space.spec import SearchSpace
 
 
@@ -23,6 +28,13 @@ def _has_verdict(rec: CandidateRecord) -> bool:
     """A final sanitizer verdict is stored with the record (an unknown one is asked again next time)."""
     v = rec.metrics.get("sanitizer")
     return isinstance(v, dict) and v.get("status") in ("clean", "failed")
+
+
+def _first_time(rec: CandidateRecord) -> float | None:
+    """The search's p50 of a candidate that was timed (also if a later check overturned it), else None."""
+    t = rec.metrics.get("time_us")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 \
+        else None
 
 
 class Observer(Protocol):
@@ -70,6 +82,7 @@ class Runner:
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
         self.stop_requested = False  # set by the driver's SIGINT handler
+        self.retime_note = ""  # why the finished run's elites were not re-timed
 
     # ---- identity -------------------------------------------------------------------------------------------------
     def hash_of(self, genome: Sequence[int]) -> str:
@@ -173,11 +186,56 @@ class Runner:
         self.publish(self.best(self.settings.elite), g, finished=True, stats={"gen": g, "stop": reason})
 
     # ---- results --------------------------------------------------------------------------------------------------
-    def certified(self, proposed: Sequence[str]) -> list[str]:
-        """The proposed elites, run under the evaluator's sanitizer first (all at once; once per candidate: the
-        verdict is stored). One it finds fault with becomes `sanitizer_error` and the next best correct candidate
-        takes its place (certified in turn)."""
-        want = len(proposed)
+    def retimed(self, proposed: Sequence[str]) -> list[str]:
+        """The finalists (the proposed elites, then the next fastest correct candidates, `retime_finalists` x K in
+        all) re-timed together by the evaluator (evaluators/retiming.py), best re-timed p50 first. Each finalist's
+        re-timing is stored with it (metrics["retime"]); one that fails on the fresh inputs is marked so and drops
+        out. A re-timing already stored for the same finalists (a resumed run) is used as it is. Without re-timing
+        (turned off, evaluator cannot, or it failed) the proposed order stands."""
+        k = len(proposed)
+        factor = int(evaluation_settings(self.space)["retime_finalists"])
+        if k == 0 or factor <= 0:
+            return list(proposed)
+        # every candidate that was timed once counts, whatever later checks said of it: the finalists of a
+        # resumed run are the same as before, and so is its stored re-timing
+        timed = sorted((r for r in self.records.values() if _first_time(r) is not None),
+                       key=lambda r: (_first_time(r), r.hash))
+        pool = [h for h in proposed if h in self.records and _first_time(self.records[h]) is not None]
+        pool += [r.hash for r in timed if r.hash not in pool][:max(0, factor * k - len(pool))]
+        recs = [self.records[h] for h in pool]
+        session = hashlib.sha256(json.dumps(pool).encode()).hexdigest()[:16]
+        stored = [r.metrics.get("retime") for r in recs]
+        if not all(isinstance(x, dict) and x.get("session") == session for x in stored):
+            rt = self.evaluator.retime([self.factory.make(r.params) for r in recs], session=session)
+            if rt is None or rt.notes.get("failed"):
+                self.retime_note = (rt.notes["failed"] if rt is not None else "this evaluator does not re-time")
+                return list(proposed)
+            for rec in recs:
+                self._store_retime(rec, rt, session)
+        ranked = sorted((r for r in recs if r.status == "ok" and "p50_us" in r.metrics["retime"]),
+                        key=lambda r: (r.metrics["retime"]["p50_us"], r.hash))
+        return [r.hash for r in ranked]
+
+    def _store_retime(self, rec: CandidateRecord, rt: Retiming, session: str) -> None:
+        info: dict[str, Any] = {"session": session, "finalists": len(rt.samples) + len(rt.dropped),
+                                "baseline": rt.baseline, **rt.notes}
+        if rec.hash in rt.samples:
+            info.update(retiming.summarize(_first_time(rec) or math.nan, rt.samples[rec.hash], rt.noise_cv,
+                                           key=f"{session}/{rec.hash}"))
+            # where this finalist's rounds ran in the sequence of all timings (round-robin: one per round)
+            info["positions"] = [i for i, h in enumerate(rt.order) if h == rec.hash]
+        else:
+            status, reason = rt.dropped.get(rec.hash, ("runtime_error", "not re-timed"))
+            info["dropped"] = f"{status}: {reason}"
+            rec.status, rec.reason = status, f"on the re-timing inputs: {reason}"
+        rec.metrics = {**rec.metrics, "retime": info}
+        self.store.update_verdict(self.run.id, rec.hash, status=rec.status, reason=rec.reason, metrics=rec.metrics)
+
+    def certified(self, proposed: Sequence[str], want: int | None = None) -> list[str]:
+        """The first `want` (default: all) of the proposed elites that pass the evaluator's sanitizer (run all at
+        once; once per candidate: the verdict is stored). One it finds fault with becomes `sanitizer_error` and the
+        next proposed, then the next best correct candidate takes its place (certified in turn)."""
+        want = len(proposed) if want is None else want
         ranked = [*proposed, *(h for h in self.best(len(self.records)) if h not in set(proposed))]
         chosen: list[str] = []
         i = 0
@@ -213,13 +271,14 @@ class Runner:
         """Record the elites in the store, rewrite elite.json atomically, tell the observers. The finished run's
         elites are certified first (`certified`)."""
         if finished:
-            elite_hashes = self.certified(elite_hashes)
+            elite_hashes = self.certified(self.retimed(elite_hashes), want=len(elite_hashes))
         self.elite_hashes = list(elite_hashes)
         self.store.set_elites(self.run.id, elite_hashes)
         elites = self.store.elites(self.run.id)  # with their sources
         doc = elite_json.build_document(run=self.run, space=self.space, elites=elites, generation=generation,
                                         evaluations=self.evaluations,
-                                        run_status="finished" if finished else "running")
+                                        run_status="finished" if finished else "running",
+                                        retime_note=self.retime_note)
         elite_json.write_atomic(self.out, doc)
         for o in self.observers:
             o.on_generation(self, generation, stats or {})

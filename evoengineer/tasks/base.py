@@ -10,22 +10,13 @@ import torch
 
 from evoengineer.errors import UserError
 from evoengineer.space.spec import SearchSpace
+from evoengineer.tasks.settings import (EVALUATION_DEFAULTS, GENERIC_SHAPE_KEYS, SANITIZER_TOOLS,  # noqa: F401
+                                        evaluation_settings)
 
 Inputs = dict[str, torch.Tensor]
 
 #: Tolerances (atol, rtol) for outputs of each dtype, compared with a float64 reference.
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}
-
-GENERIC_SHAPE_KEYS = ("checks", "time", "fresh")
-EVALUATION_DEFAULTS = {"warmup": 20, "repeats": 100, "timeout_s": 120.0, "init_timeout_s": 900.0,
-                       "l2_flush": True, "build_jobs": 0,
-                       # integrity (evaluators/integrity.py): runs per check set that must agree, timed calls
-                       # whose output is checked against the reference (the last one and random others), whether
-                       # runs of the same inputs must agree bitwise (else within the tolerance)
-                       "check_runs": 2, "check_calls": 4, "deterministic": True,
-                       # compute-sanitizer tools each elite runs under before it is published (CUDA; [] = none)
-                       "sanitizer": ["memcheck", "racecheck", "synccheck"], "sanitizer_timeout_s": 300.0}
-SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 @dataclass(frozen=True)
@@ -37,29 +28,6 @@ class ShapeEntry:
     checks: int
     time: bool
     fresh: bool
-
-
-def evaluation_settings(space: SearchSpace) -> dict[str, Any]:
-    """The space's [evaluation] table over the defaults; unknown keys and bad values are UserErrors."""
-    where = f"{space.path or space.name}: evaluation"
-    out = dict(EVALUATION_DEFAULTS)
-    for k, v in space.evaluation.items():
-        if k not in EVALUATION_DEFAULTS:
-            raise UserError(f"{where}.{k}: unknown key (known: {', '.join(EVALUATION_DEFAULTS)})")
-        default = EVALUATION_DEFAULTS[k]
-        if isinstance(default, bool):
-            if not isinstance(v, bool):
-                raise UserError(f"{where}.{k}: must be true or false")
-        elif isinstance(default, list):
-            if not isinstance(v, list) or any(t not in SANITIZER_TOOLS for t in v) or len(set(v)) != len(v):
-                raise UserError(f"{where}.{k}: a list of distinct tools among {', '.join(SANITIZER_TOOLS)}")
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise UserError(f"{where}.{k}: must be a non-negative number")
-        out[k] = v
-    for k in ("repeats", "check_runs", "check_calls"):
-        if out[k] < 1 or out[k] != int(out[k]):
-            raise UserError(f"{where}.{k}: must be a whole number, at least 1")
-    return out
 
 
 class Task(ABC):

@@ -1,0 +1,149 @@
+"""Re-timing of a finished search's finalists (evaluators/retiming.py, Runner.retimed): the summary and its flag,
+the elites ranked by the re-timed p50 with both timings recorded, a finalist wrong on fresh inputs dropped, a failed
+re-timing leaving the search's ranking, round-robin order, and a stored re-timing never asked for again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evoengineer.evaluators.retiming import MIN_TOLERANCE, Retiming, summarize
+from evoengineer.space import load_space
+
+
+def test_summary_flags_only_what_is_beyond_the_noise():
+    rounds = [[100.0, 101.0, 99.0, 100.5], [100.2, 99.8, 100.1, 100.0], [99.9, 100.3, 100.0, 100.4]]
+    same = summarize(100.0, rounds, 0.005, key="k")
+    assert same["flag"] == "" and same["rounds"] == 3 and same["calls"] == 12
+    assert same["p10_us"] <= same["median_ci95_us"][0] <= same["p50_us"] <= same["median_ci95_us"][1] <= same["p90_us"]
+    assert same["tolerance"] == MIN_TOLERANCE and abs(same["ratio"] - same["p50_us"] / 100.0) < 1e-12
+    lucky = summarize(80.0, rounds, 0.005, key="k")  # the search's timing was 20% too good
+    assert lucky["flag"] and "1.25x" in lucky["flag"]
+    noisy = summarize(80.0, rounds, 0.1, key="k")  # on a machine this noisy, 25% is within 3 x the noise
+    assert noisy["flag"] == "" and abs(noisy["tolerance"] - 0.3) < 1e-12
+    assert summarize(80.0, rounds, 0.005, key="k") == lucky  # the bootstrap is seeded: reproducible
+    assert Retiming(samples={}, baseline_p50_us=[10.0, 10.0, 10.0]).noise_cv == 0.0
+    assert Retiming(samples={}, baseline_p50_us=[10.0]).noise_cv is None
+
+
+def _run(toy_dir: Path, evaluator, elite: int = 3):
+    from evoengineer.search import STRATEGIES
+    from evoengineer.search.runner import Runner, SearchSettings
+    from evoengineer.store import Store
+
+    space = load_space(toy_dir / "toy_space.toml")
+    store = Store(f"sqlite:///{toy_dir / 's.db'}")
+    settings = SearchSettings(strategy="grid", population=64, generations=0, elite=elite, seed=0)
+    rid = store.create_run(space_name=space.name, space_path=str(toy_dir / "toy_space.toml"), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64,
+                           config={**settings.to_dict(), "evaluator": evaluator.describe()}, seed=0, fingerprint={})
+    out = toy_dir / "elite.json"
+    runner = Runner(space=space, evaluator=evaluator, store=store, run=store.get_run(rid), settings=settings, out=out)
+    STRATEGIES["grid"](runner).run(None)
+    return runner, store, rid, json.loads(out.read_text())
+
+
+def test_elites_are_ranked_by_the_retimed_p50(toy_dir: Path):
+    from evoengineer.evaluators.replay import ReplayEvaluator
+
+    class Drifting(ReplayEvaluator):
+        """Replay whose re-timing disagrees: the search's fastest was a lucky measurement (1.5x slower re-timed),
+        the second is wrong on the fresh inputs, the rest re-time as measured."""
+
+        asked: list[list[str]] = []
+        lucky = wrong = ""
+
+        def retime(self, candidates, *, session):
+            self.asked.append([c.hash for c in candidates])
+            rt = super().retime(candidates, session=session)
+            rt.samples[self.lucky] = [[x * 1.5 for x in r] for r in rt.samples[self.lucky]]
+            del rt.samples[self.wrong]
+            rt.dropped[self.wrong] = ("wrong", "3 of 64 outputs beyond tolerance on shape s (seed 1)")
+            rt.order = [h for h in rt.order if h != self.wrong]
+            rt.baseline, rt.baseline_p50_us = "reference", [10.0, 10.2, 9.9, 10.1, 10.0]
+            return rt
+
+    space = load_space(toy_dir / "toy_space.toml")
+    ev = Drifting(toy_dir / "landscape.csv", space)
+    first = sorted(((ev.landscape.lookup(space.genome_to_params(g)).time_us, g) for g in space.valid_genomes()))
+    from evoengineer.candidate import CandidateFactory
+
+    f = CandidateFactory(space)
+    by_time = [f.from_genome(g).hash for _, g in first]
+    ev.lucky, ev.wrong = by_time[0], by_time[1]
+    runner, store, rid, doc = _run(toy_dir, ev)
+    assert ev.asked == [by_time[:6]]  # 2 x K finalists: the elites and the next three, at once
+    hashes = [e["hash"] for e in doc["elites"]]
+    # the lucky one re-timed at 1.5x falls behind; the wrong one is out
+    assert ev.wrong not in hashes and ev.lucky not in hashes[:2]
+    retimed = [e["retimed"]["p50_us"] for e in doc["elites"]]
+    assert retimed == sorted(retimed)
+    for e in doc["elites"]:
+        assert e["search_p50_us"] == e["metrics"]["time_us"] and e["retimed"]["calls"] == 5
+        lo, hi = e["retimed"]["median_ci95_us"]
+        assert lo <= e["retimed"]["p50_us"] <= hi
+    lucky = store.find_candidate(rid, ev.lucky).metrics["retime"]
+    assert lucky["flag"] and abs(lucky["ratio"] - 1.5) < 1e-9 and lucky["first_us"] == first[0][0]
+    assert all(store.find_candidate(rid, h).metrics["retime"]["flag"] == "" for h in by_time[2:6])
+    bad = store.find_candidate(rid, ev.wrong)
+    assert bad.status == "wrong" and "re-timing inputs" in bad.reason and "dropped" in bad.metrics["retime"]
+    assert doc["retiming"]["ranked_by"] == "re-timed p50" and doc["retiming"]["finalists"] == 6
+    assert abs(doc["retiming"]["noise_cv"] - 0.0098) < 1e-3 and doc["retiming"]["flagged"] == 0
+    # publishing again (a resumed run that finishes again) finds the re-timing stored: nothing is timed twice
+    runner.records = {r.hash: r for r in store.candidates(rid)}
+    again = runner.retimed(by_time[:3])
+    p50 = {h: runner.records[h].metrics["retime"]["p50_us"] for h in again}
+    assert again[:3] == hashes and len(again) == 5 and ev.wrong not in again
+    assert [p50[h] for h in again] == sorted(p50.values()) and len(ev.asked) == 1
+
+
+def test_a_failed_retiming_keeps_the_search_ranking_and_says_why(toy_dir: Path):
+    from evoengineer.evaluators.replay import ReplayEvaluator
+
+    class Hangs(ReplayEvaluator):
+        def retime(self, candidates, *, session):
+            return Retiming(samples={}, notes={"failed": "timeout: no answer within 60 s (worker killed)"})
+
+    space = load_space(toy_dir / "toy_space.toml")
+    runner, store, rid, doc = _run(toy_dir, Hangs(toy_dir / "landscape.csv", space))
+    assert [e["hash"] for e in doc["elites"]] == runner.best(3)
+    assert doc["retiming"] == {"ranked_by": "search p50", "reason": "timeout: no answer within 60 s (worker killed)"}
+    assert all("retimed" not in e and e["search_p50_us"] > 0 for e in doc["elites"])
+
+
+def test_replay_retiming_is_round_robin_and_confirms_the_ranking(toy_dir: Path):
+    from evoengineer.cli import main
+
+    rc = main(["search", "--space", str(toy_dir / "toy_space.toml"), "--landscape", str(toy_dir / "landscape.csv"),
+               "--db", f"sqlite:///{toy_dir / 'r.db'}", "--out", str(toy_dir / "e.json"), "--budget", "20",
+               "--quiet"])
+    assert rc == 0
+    doc = json.loads((toy_dir / "e.json").read_text())
+    from evoengineer.store import Store
+
+    store = Store(f"sqlite:///{toy_dir / 'r.db'}")
+    recs = [r for r in store.candidates(doc["run_id"]) if "retime" in r.metrics]
+    n, rounds = len(recs), doc["retiming"]["rounds"]
+    assert n == 6 and rounds == 5
+    firsts = set()
+    for r in recs:
+        pos = r.metrics["retime"]["positions"]
+        # one timing per round, each inside its round's block of n
+        assert [p // n for p in pos] == list(range(rounds))
+        firsts |= {k for k, p in enumerate(pos) if p % n == 0}
+        assert r.metrics["retime"]["flag"] == "" and r.metrics["retime"]["ratio"] == 1.0
+    assert firsts == set(range(rounds))  # every round starts with another finalist (the order rotates)
+    times = [e["metrics"]["time_us"] for e in doc["elites"]]
+    assert times == sorted(times) and doc["retiming"]["ranked_by"] == "re-timed p50"
+
+
+def test_retiming_can_be_turned_off(toy_dir: Path):
+    from evoengineer.evaluators.replay import ReplayEvaluator
+
+    text = (toy_dir / "toy_space.toml").read_text()
+    assert "[evaluation]" not in text
+    (toy_dir / "toy_space.toml").write_text(text + "\n[evaluation]\nretime_finalists = 0\n")
+    space = load_space(toy_dir / "toy_space.toml")
+    runner, store, rid, doc = _run(toy_dir, ReplayEvaluator(toy_dir / "landscape.csv", space))
+    assert doc["retiming"]["ranked_by"] == "search p50" and "retime_finalists" in doc["retiming"]["reason"]
+    assert not any("retime" in r.metrics for r in store.candidates(rid))
