@@ -21,7 +21,7 @@ from evoengineer.fingerprint import machine_fingerprint
 from evoengineer.search import SAMPLERS, STRATEGIES
 from evoengineer.search.optuna_search import make_sampler
 from evoengineer.search.progress import ProgressPrinter
-from evoengineer.search.runner import Runner, SearchSettings
+from evoengineer.search.runner import LeaseLost, Runner, SearchSettings
 from evoengineer.space.spec import SearchSpace, load_space
 
 DEFAULTS = {"population": 12, "generations": 10, "elite": 3, "budget": None, "seed": 0}
@@ -85,11 +85,12 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
                               template=space.template, template_sha256=template_sha256(space), config=config,
                               seed=s.seed, fingerprint=fingerprint)
     run = store.get_run(run_id)
+    token = _lease(store, run.id)
     if not quiet:
         what = s.strategy + (f" ({s.sampler} sampler)" if s.sampler else "")
         print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
               f"strategy {what}, evaluator {evaluator.kind}, store {db}", file=sys.stderr)
-    return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet)
+    return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet, token=token)
 
 
 def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bool = False) -> int:
@@ -106,6 +107,22 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
             raise UserError(f"--run {run_id}: {exc}") from None
         if run.status == "finished":
             raise UserError(f"--run {run_id}: run already finished ({run.stop_reason})")
+    token = _lease(store, run.id)  # one process drives a run: a second resume stops here
+    try:
+        return _resume(store, run, token, quiet)
+    except BaseException:
+        store.release_lease(run.id, token)
+        raise
+
+
+def _lease(store: Store, run_id: int) -> str:
+    try:
+        return store.acquire_lease(run_id)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _resume(store: Store, run: RunInfo, token: str, quiet: bool) -> int:
     space = SearchSpace.from_text(run.space_text, run.space_path)
     if template_sha256(space) != run.template_sha256:
         raise UserError(f"{space.template_path}: template changed since run {run.id} started; "
@@ -127,7 +144,7 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
         where = f"generation {checkpoint[0]}" if checkpoint else "the start"
         print(f"resuming run {run.id} ({space.name}) from {where}; "
               f"{store.count_candidates(run.id)} evaluations already stored", file=sys.stderr)
-    return _execute(store, run, space, evaluator, s, out, state=state, quiet=quiet)
+    return _execute(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token)
 
 
 @contextlib.contextmanager
@@ -149,15 +166,53 @@ def _stop_on_sigint(runner: Runner) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _heartbeat(store: Store, runner: Runner, token: str) -> Iterator[None]:
+    """Renew the run's lease in the background while the search runs; flag the runner if it was taken over."""
+    from evoengineer.store.store import LEASE_STALE_S
+
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(min(10.0, LEASE_STALE_S / 4)):
+            try:
+                if not store.heartbeat(runner.run.id, token):
+                    runner.lease_lost = True
+                    return
+            except Exception:  # a busy or full store: try again at the next beat
+                continue
+
+    t = threading.Thread(target=beat, name="evoengineer-lease", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(timeout=5)
+
+
 def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
-             state: dict[str, Any] | None, quiet: bool) -> int:
+             state: dict[str, Any] | None, quiet: bool, token: str) -> int:
+    """Drive the run while holding its lease (renewed in the background, released at the end)."""
+    try:
+        return _drive(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token)
+    finally:
+        with contextlib.suppress(Exception):  # a store that fails here fails loudly elsewhere; the lease goes stale
+            store.release_lease(run.id, token)
+
+
+def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
+           state: dict[str, Any] | None, quiet: bool, token: str) -> int:
     observers = [] if quiet else [ProgressPrinter()]
     runner = Runner(space=space, evaluator=evaluator, store=store, run=run, settings=s, out=out,
                     observers=observers)
     strategy = STRATEGIES[s.strategy](runner)
     try:
-        with evaluator, _stop_on_sigint(runner):
+        with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token):
             reason = strategy.run(state)
+    except LeaseLost as exc:  # the run is someone else's now: write nothing more
+        print(str(exc), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         store.set_run_status(run.id, "interrupted", "interrupted by user")
         print(f"\ninterrupted: {runner.evaluations} evaluations are stored. Resume with:\n  "

@@ -30,6 +30,10 @@ def _has_verdict(rec: CandidateRecord) -> bool:
     return isinstance(v, dict) and v.get("status") in ("clean", "failed")
 
 
+class LeaseLost(Exception):
+    """This process no longer holds the run's lease (another took it over): it must stop writing."""
+
+
 def _first_time(rec: CandidateRecord) -> float | None:
     """The search's p50 of a candidate that was timed (also if a later check overturned it), else None."""
     t = rec.metrics.get("time_us")
@@ -83,6 +87,7 @@ class Runner:
         self._hash_of: dict[tuple[int, ...], str] = {}
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
+        self.lease_lost = False  # set by the driver's heartbeat thread when another process took the run over
 
     # ---- identity -------------------------------------------------------------------------------------------------
     def hash_of(self, genome: Sequence[int]) -> str:
@@ -168,6 +173,8 @@ class Runner:
             o.on_evaluation(self, rec)
         if self.stop_requested:  # a Ctrl-C whose KeyboardInterrupt was swallowed (e.g. inside a GC callback)
             raise KeyboardInterrupt
+        if self.lease_lost:
+            raise LeaseLost(f"run {self.run.id}: another process took over this run's lease; stopping here")
 
     def best(self, k: int) -> list[str]:
         """Hashes of the k fastest correct candidates evaluated so far (ties broken by hash)."""

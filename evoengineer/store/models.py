@@ -76,3 +76,15 @@ class Checkpoint(Base):
     generation: Mapped[int] = mapped_column(Integer, primary_key=True)
     state: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Lease(Base):
+    """Who drives a run now: one row per run being searched or resumed (evoengineer.store.store: acquire_lease)."""
+
+    __tablename__ = "leases"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    token: Mapped[str] = mapped_column(String(64))
+    heartbeat: Mapped[float] = mapped_column(Float)  # time.time() of the holder's last sign of life
+    acquired: Mapped[float] = mapped_column(Float)

@@ -7,21 +7,27 @@ Every write is its own committed transaction: a SIGKILL loses at most the evalua
 from __future__ import annotations
 
 import math
+import os
+import socket
+import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select
+from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from evoengineer.store.models import Base, CandidateRow, Checkpoint, Elite, Run, SchemaInfo, utcnow
+from evoengineer.store.models import Base, CandidateRow, Checkpoint, Elite, Lease, Run, SchemaInfo, utcnow
 
 SCHEMA_VERSION = "1"
 DEFAULT_URL = "sqlite:///elite_store/evoengineer.db"
 UNFINISHED = ("running", "interrupted")
+#: a lease whose holder (on another host) gave no sign of life for this long is taken over
+LEASE_STALE_S = float(os.environ.get("EVOENGINEER_LEASE_STALE_S", "60"))
 
 
 class StoreError(Exception):
@@ -102,6 +108,7 @@ class Store:
         except ArgumentError:
             raise StoreError(f"--db {url!r}: not a database URL (e.g. sqlite:///path/to.db)") from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        created_file: Path | None = None  # the SQLite file this call creates: removed again if opening fails
         if self.is_sqlite:
             db = parsed.database
             if db and db != ":memory:":
@@ -113,6 +120,8 @@ class Store:
                         path.parent.mkdir(parents=True, exist_ok=True)
                     else:
                         raise StoreError(f"--db {url!r}: directory {path.parent} does not exist")
+                if create and not path.exists():
+                    created_file = path
         try:
             self.engine: Engine = create_engine(url, future=True)
         except (ArgumentError, NoSuchModuleError, ImportError) as exc:
@@ -121,24 +130,22 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         try:
-            tables = set(inspect(self.engine).get_table_names())
-            if SchemaInfo.__tablename__ not in tables and (tables or not create):
-                self.engine.dispose()
-                raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info table)")
             if create:
-                if self.is_sqlite and not tables:
-                    # WAL is a property of the file, set once when the store is created (never on a database
-                    # that is not known to be a store: opening one must leave it as it is).
-                    with self.engine.connect() as conn:
-                        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-                Base.metadata.create_all(self.engine)
-                with self._session.begin() as s:
-                    if s.get(SchemaInfo, "version") is None:
-                        s.add(SchemaInfo(key="version", value=SCHEMA_VERSION))
+                self._create_schema(url)
+            else:
+                tables = set(inspect(self.engine).get_table_names())
+                if SchemaInfo.__tablename__ not in tables:
+                    self.engine.dispose()
+                    raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info table)")
             with self._session() as s:
                 row = s.get(SchemaInfo, "version")
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, StoreError) as exc:
             self.engine.dispose()
+            if created_file is not None:  # no 0-byte (or half-made) database left behind
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(f"{created_file}{suffix}").unlink(missing_ok=True)
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(f"--db {url!r}: cannot open: {str(exc.orig if hasattr(exc, 'orig') else exc)}") from None
         if row is None or row.value != SCHEMA_VERSION:
             self.engine.dispose()
@@ -147,8 +154,96 @@ class Store:
         if row.value != SCHEMA_VERSION:
             raise StoreError(f"--db {url!r}: store schema {row.value}, this version reads {SCHEMA_VERSION}")
 
+    def _create_schema(self, url: str) -> None:
+        """Create the tables (and the version row) unless there; two processes creating one store at once both
+        succeed: SQLite takes an exclusive lock for the whole check-and-create, other databases retry once."""
+        def create(conn) -> None:
+            tables = set(inspect(conn).get_table_names())
+            if SchemaInfo.__tablename__ not in tables and tables:
+                raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info table)")
+            Base.metadata.create_all(conn)
+            if conn.scalar(select(SchemaInfo.value).where(SchemaInfo.key == "version")) is None:
+                conn.execute(insert(SchemaInfo), [{"key": "version", "value": SCHEMA_VERSION}])
+
+        if self.is_sqlite:
+            with self.engine.connect() as conn:
+                fresh = not inspect(conn).get_table_names()
+            if fresh:
+                # WAL is a property of the file, set once when the store is created (never on a database that is
+                # not known to be a store: opening one must leave it as it is). Idempotent, so a race is harmless.
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("BEGIN EXCLUSIVE")  # waits (busy_timeout) for a concurrent creator
+                try:
+                    create(conn)
+                except BaseException:
+                    conn.exec_driver_sql("ROLLBACK")
+                    raise
+                conn.exec_driver_sql("COMMIT")
+            return
+        for attempt in (0, 1):
+            try:
+                with self.engine.begin() as conn:
+                    create(conn)
+                return
+            except IntegrityError:  # another process created the same rows between our check and insert
+                if attempt:
+                    raise
+
     def close(self) -> None:
         self.engine.dispose()
+
+    # ---- leases: one process drives a run ---------------------------------------------------------------------------
+    def acquire_lease(self, run_id: int, *, stale_after_s: float | None = None) -> str:
+        """Take the run's lease for this process; returns its token. Refuses (StoreError, one line naming the
+        holder) while another live process holds it; takes over a lease whose holder is gone (its pid is dead on
+        this host) or silent (no heartbeat for `stale_after_s`)."""
+        stale_after_s = LEASE_STALE_S if stale_after_s is None else stale_after_s
+        Lease.__table__.create(self.engine, checkfirst=True)  # stores made before leases existed
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        for _ in range(10):
+            now = time.time()
+            token = uuid.uuid4().hex
+            with self.engine.connect() as conn:
+                row = conn.execute(select(Lease.host, Lease.pid, Lease.token, Lease.heartbeat)
+                                   .where(Lease.run_id == run_id)).first()
+            if row is None:
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(insert(Lease), [{"run_id": run_id, **me, "token": token, "heartbeat": now,
+                                                      "acquired": now}])
+                    return token
+                except IntegrityError:  # someone took it between our look and our insert: look again
+                    continue
+            if _holder_alive(row, now, stale_after_s):
+                ago = max(0.0, now - row.heartbeat)
+                raise StoreError(f"run {run_id} is being driven by pid {row.pid} on {row.host} (last heartbeat "
+                                 f"{ago:.0f} s ago): wait for it to end or stop it first")
+            with self.engine.begin() as conn:  # take over, unless someone else did first
+                taken = conn.execute(update(Lease).where(Lease.run_id == run_id, Lease.token == row.token)
+                                     .values(**me, token=token, heartbeat=now, acquired=now)).rowcount
+            if taken == 1:
+                return token
+        raise StoreError(f"run {run_id}: could not take the run's lease (other processes keep taking it)")
+
+    def heartbeat(self, run_id: int, token: str) -> bool:
+        """Renew this process's lease; False if it is no longer ours (taken over)."""
+        with self.engine.begin() as conn:
+            return conn.execute(update(Lease).where(Lease.run_id == run_id, Lease.token == token)
+                                .values(heartbeat=time.time())).rowcount == 1
+
+    def release_lease(self, run_id: int, token: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(Lease).where(Lease.run_id == run_id, Lease.token == token))
+
+    def lease_holder(self, run_id: int) -> dict[str, Any] | None:
+        """{"host", "pid", "heartbeat"} of the run's lease, or None."""
+        if Lease.__tablename__ not in inspect(self.engine).get_table_names():
+            return None
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Lease.host, Lease.pid, Lease.heartbeat).where(Lease.run_id == run_id)).first()
+        return dict(row._mapping) if row else None
 
     # ---- runs ---------------------------------------------------------------------------------------------------
     def create_run(self, *, space_name: str, space_path: str, space_text: str, template: str, template_sha256: str,
@@ -285,6 +380,21 @@ class Store:
             c = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id)
                           .order_by(Checkpoint.generation.desc()).limit(1)).first()
             return (c.generation, dict(c.state)) if c else None
+
+
+def _holder_alive(row: Any, now: float, stale_after_s: float) -> bool:
+    """A lease holder is alive if it is a live process on this host, or (elsewhere) sent a heartbeat lately."""
+    if row.host == socket.gethostname():
+        if row.pid == os.getpid():
+            return False  # this process's own leftover (e.g. an earlier run in the same interpreter)
+        try:
+            os.kill(row.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return now - row.heartbeat < stale_after_s
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
