@@ -41,8 +41,15 @@ def _positive_int(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (the error and where to read more), not the whole usage text."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m evoengineer", description=__doc__)
+    ap = _Parser(prog="python -m evoengineer", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("search", help="start a new search run")
@@ -66,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("resume", help="continue the newest unfinished run (or --run ID)")
     r.add_argument("--db", default=DEFAULT_URL)
     r.add_argument("--run", type=_positive_int)
+    r.add_argument("--from-scratch", action="store_true",
+                   help="ignore the run's checkpoints (e.g. a damaged one): propose again from generation 0; "
+                        "stored measurements are reused, not repeated")
     r.add_argument("--quiet", action="store_true")
 
     i = sub.add_parser("inspect", help="show an elite.json")
@@ -114,7 +124,7 @@ def cmd_search(a: argparse.Namespace) -> int:
 def cmd_resume(a: argparse.Namespace) -> int:
     from evoengineer.search.driver import resume_search
 
-    return resume_search(db=a.db, run_id=a.run, quiet=a.quiet)
+    return resume_search(db=a.db, run_id=a.run, quiet=a.quiet, from_scratch=a.from_scratch)
 
 
 def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str) -> int:

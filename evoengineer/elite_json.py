@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 from evoengineer.errors import UserError
-from evoengineer.fileio import atomic_open
+from evoengineer.fileio import atomic_open, umask
 from evoengineer.candidate import sha256_text
 
 SCHEMA = "evoengineer/elite-v1"
@@ -133,6 +135,72 @@ def read(path: str | Path) -> dict[str, Any]:
 
 _REQUIRED = {"space": str, "run_id": int, "run_status": str, "generation": int, "evaluations": int,
              "fingerprint": dict}
+
+
+class OutClaim:
+    """This run writes `path`: a lock file beside it (.NAME.lock: host, pid, run, store) while the run is driven.
+    Another live run holding it is refused (one line naming it); a dead holder's claim is taken over, and the temp
+    files killed writers of `path` left behind (.NAME.*.tmp) are removed then."""
+
+    def __init__(self, path: str | Path, run_id: int, store_url: str):
+        self.path = Path(path).absolute()
+        self.lock = self.path.parent / f".{self.path.name}.lock"
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "run": run_id, "store": store_url}
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # as writing elite.json would (checked writable)
+        for _ in range(5):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~umask())
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and _claim_alive(holder) and holder.get("pid") != os.getpid():
+                    raise UserError(f"--out {self.path}: being written by run {holder.get('run')} (pid "
+                                    f"{holder.get('pid')} on {holder.get('host')}, store {holder.get('store')}); "
+                                    "choose another --out or stop that run")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.lock)  # a dead (or our own earlier) holder's claim
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.me, f)
+            for tmp in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by killed writers of this file
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            return
+        raise UserError(f"--out {self.path}: could not claim it (other runs keep claiming it)")
+
+    def touch(self) -> None:
+        """A sign of life for claims read from another host."""
+        with contextlib.suppress(OSError):
+            os.utime(self.lock)
+
+    def release(self) -> None:
+        holder = self._holder()
+        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == self.me["host"]:
+            with contextlib.suppress(OSError):
+                os.unlink(self.lock)
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.lock.read_text())
+            return data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # unreadable: a writer killed mid-write; treated as dead
+
+
+def _claim_alive(holder: dict[str, Any], stale_after_s: float = 120.0) -> bool:
+    pid = holder.get("pid")
+    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return False if not holder else True
 
 
 def check_writable(path: str | Path, space_name: str, *, force: bool = False) -> None:

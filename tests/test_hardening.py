@@ -145,3 +145,146 @@ def test_a_store_that_cannot_be_created_leaves_no_file(tmp_path: Path, monkeypat
     with pytest.raises(StoreError, match="disk is full"):
         Store(f"sqlite:///{tmp_path / 'new.db'}")
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, words", [(["search", "--budget", "-1"], ["--budget", "must be >= 0"]),
+                                         (["search", "--seed", "abc"], ["--seed", "abc"]),
+                                         (["resume", "--run"], ["--run"])])
+def test_usage_errors_are_one_line(tmp_path: Path, args, words):
+    r = _cli(args, tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    line = _one_line(r.stderr)
+    assert all(w in line for w in words) and "--help" in line
+
+
+def test_two_runs_cannot_write_one_elite_json_and_stray_temp_files_go(toy_dir: Path):
+    (toy_dir / ".elite.json.abc123.tmp").write_text("half")  # left by a writer killed mid-write
+    first = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", *SEARCH, "--db", "sqlite:///a.db",
+                              "--quiet"], cwd=toy_dir, env=_env(0.05), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _count(toy_dir / "a.db") < 3:
+            assert first.poll() is None, first.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not (toy_dir / ".elite.json.abc123.tmp").exists()
+        second = _cli(["search", *SEARCH, "--db", "sqlite:///b.db", "--quiet"], toy_dir)
+        assert second.returncode == 2
+        line = _one_line(second.stderr)
+        assert "elite.json" in line and f"pid {first.pid}" in line and "run 1" in line
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    # the holder died: its claim is taken over
+    third = _cli(["search", *SEARCH, "--db", "sqlite:///b.db", "--quiet"], toy_dir)
+    assert third.returncode == 0, third.stderr
+    assert not list(toy_dir.glob(".elite.json.*"))
+
+
+def test_a_grid_run_ends_with_its_last_generation(toy_dir: Path):
+    import json
+
+    r = _cli(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--strategy", "grid",
+              "--population", "1000", "--budget", "2500", "--db", "sqlite:///g.db", "--quiet"], toy_dir)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((toy_dir / "elite.json").read_text())
+    con = sqlite3.connect(toy_dir / "g.db")
+    last = con.execute("select max(generation) from candidates").fetchone()[0]
+    con.close()
+    assert doc["generation"] == last == 2  # 2500 evaluations in batches of 1000: generations 0, 1, 2
+
+
+def test_replay_log_that_is_a_folder_is_one_line(toy_dir: Path):
+    env = _env()
+    env["EVOENGINEER_REPLAY_LOG"] = str(toy_dir)
+    r = subprocess.run([sys.executable, "-m", "evoengineer", "search", *SEARCH, "--db", "sqlite:///s.db"],
+                       cwd=toy_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "EVOENGINEER_REPLAY_LOG" in _one_line(r.stderr)
+
+
+# ---- full disks and damaged state --------------------------------------------------------------------------------
+def test_a_store_that_fills_up_mid_run_stops_with_one_line_and_resumes(toy_dir: Path, monkeypatch, capsys):
+    from sqlalchemy.exc import OperationalError
+
+    from evoengineer.cli import main
+    from evoengineer.store import Store
+
+    real = Store.record_candidate
+    calls = {"n": 0}
+
+    def fills_up(self, run_id, rec):
+        calls["n"] += 1
+        if calls["n"] > 20:
+            raise OperationalError("INSERT INTO candidates", {}, sqlite3.OperationalError("database or disk is full"))
+        return real(self, run_id, rec)
+
+    monkeypatch.chdir(toy_dir)
+    monkeypatch.setattr(Store, "record_candidate", fills_up)
+    args = [*SEARCH, "--db", "sqlite:///f.db", "--quiet"]
+    assert main(["search", *args]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "database or disk is full" in line and "resume" in line and "run 1" in line
+    con = sqlite3.connect(toy_dir / "f.db")
+    assert con.execute("select status, count(*) from runs").fetchone() == ("interrupted", 1)
+    con.close()
+    monkeypatch.setattr(Store, "record_candidate", real)  # space freed
+    assert main(["resume", "--db", "sqlite:///f.db", "--quiet"]) == 0
+    con = sqlite3.connect(toy_dir / "f.db")
+    assert con.execute("select status from runs").fetchone() == ("finished",)
+    assert con.execute("select count(*) from candidates").fetchone() == (60,)
+    con.close()
+
+
+def test_elite_json_on_a_full_disk_keeps_the_old_file(toy_dir: Path, monkeypatch, capsys):
+    import errno
+
+    from evoengineer import elite_json
+    from evoengineer.cli import main
+
+    monkeypatch.chdir(toy_dir)
+    assert main(["search", *SEARCH, "--db", "sqlite:///e.db", "--budget", "24", "--quiet"]) == 0
+    old = (toy_dir / "elite.json").read_text()
+
+    def full(path, doc):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(elite_json, "write_atomic", full)
+    assert main(["search", *SEARCH, "--db", "sqlite:///e.db", "--quiet", "--force"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "No space left on device" in line and "resume" in line
+    assert (toy_dir / "elite.json").read_text() == old
+
+
+def test_a_garbled_checkpoint_is_named_and_from_scratch_recovers(toy_dir: Path, monkeypatch, capsys):
+    from evoengineer.cli import main
+
+    monkeypatch.chdir(toy_dir)
+    first = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", *SEARCH, "--db", "sqlite:///c.db",
+                              "--quiet"], cwd=toy_dir, env=_env(0.02), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _count(toy_dir / "c.db") < 30:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    first.kill()
+    first.wait(timeout=60)
+    con = sqlite3.connect(toy_dir / "c.db")
+    con.execute("update checkpoints set state = '{\"strategy\": \"ga\", \"gener' "
+                "where generation = (select max(generation) from checkpoints)")
+    con.commit()
+    capsys.readouterr()
+    assert main(["resume", "--db", "sqlite:///c.db", "--quiet"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "run 1" in line and "checkpoint" in line and "--from-scratch" in line
+    con.execute("update checkpoints set state = '{\"strategy\": \"ga\", \"generation\": 1}' "
+                "where generation = (select max(generation) from checkpoints)")  # valid JSON, not a GA state
+    con.commit()
+    assert main(["resume", "--db", "sqlite:///c.db", "--quiet"]) == 2
+    assert "--from-scratch" in _one_line(capsys.readouterr().err)
+    stored = con.execute("select count(*) from candidates").fetchone()[0]
+    assert main(["resume", "--db", "sqlite:///c.db", "--quiet", "--from-scratch"]) == 0
+    assert con.execute("select status from runs").fetchone() == ("finished",)
+    assert con.execute("select count(*) from candidates").fetchone()[0] == 60 >= stored
+    con.close()

@@ -27,7 +27,10 @@ def replay_delay() -> float:
 def replay_log() -> str | None:
     """EVOENGINEER_REPLAY_LOG: a file the replay evaluator appends `hash status` to for every measurement it makes
     (an audit of what was measured, across interruptions and resumes)."""
-    return os.environ.get("EVOENGINEER_REPLAY_LOG") or None
+    path = os.environ.get("EVOENGINEER_REPLAY_LOG") or None
+    if path is not None and Path(path).is_dir():
+        raise UserError(f"EVOENGINEER_REPLAY_LOG={path}: is a directory, not a file to append to")
+    return path
 
 
 def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> Evaluator:

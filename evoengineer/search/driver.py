@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from evoengineer.store import DEFAULT_URL, RunInfo, Store, StoreError
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, template_sha256
@@ -44,12 +46,23 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         raise UserError("--population must be at least 2")
     if values["elite"] < 1 or values["elite"] >= values["population"]:
         raise UserError("--elite must be at least 1 and smaller than --population")
+    if values["elite"] > values["population"] // 2:
+        raise UserError(f"--elite {values['elite']} with --population {values['population']}: elites carried over "
+                        "would crowd out the children; use at most half the population")
     if values["generations"] < 0:
         raise UserError("--generations must be >= 0")
     if values["budget"] is not None and values["budget"] < 1:
         raise UserError("--budget must be at least 1")
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: unknown (known: {', '.join(STRATEGIES)})")
+    if strategy == "ga":
+        n_valid = space.count_valid()
+        if values["population"] > n_valid:
+            raise UserError(f"--population {values['population']}: the space has only {n_valid} valid "
+                            "configurations (a GA population holds distinct ones)")
+        if values["budget"] is not None and values["population"] > values["budget"]:
+            raise UserError(f"--population {values['population']} is larger than --budget {values['budget']}: "
+                            "not even the first generation would be evaluated")
     if sampler is not None and strategy != "optuna":
         raise UserError(f"--sampler {sampler}: only with --strategy optuna")
     if strategy == "optuna":
@@ -93,7 +106,8 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
     return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet, token=token)
 
 
-def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bool = False) -> int:
+def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bool = False,
+                  from_scratch: bool = False) -> int:
     """Continue an unfinished run from its newest checkpoint; nothing measured is measured again."""
     store = open_store(db, create=False)
     if run_id is None:
@@ -109,7 +123,7 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
             raise UserError(f"--run {run_id}: run already finished ({run.stop_reason})")
     token = _lease(store, run.id)  # one process drives a run: a second resume stops here
     try:
-        return _resume(store, run, token, quiet)
+        return _resume(store, run, token, quiet, from_scratch)
     except BaseException:
         store.release_lease(run.id, token)
         raise
@@ -122,7 +136,7 @@ def _lease(store: Store, run_id: int) -> str:
         raise UserError(str(exc)) from None
 
 
-def _resume(store: Store, run: RunInfo, token: str, quiet: bool) -> int:
+def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool) -> int:
     space = SearchSpace.from_text(run.space_text, run.space_path)
     if template_sha256(space) != run.template_sha256:
         raise UserError(f"{space.template_path}: template changed since run {run.id} started; "
@@ -137,7 +151,18 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool) -> int:
     out = Path(cfg["out"])
     elite_json.check_writable(out, space.name)
     evaluator = evaluator_for_resume(space, cfg["evaluator"])
-    checkpoint = store.latest_checkpoint(run.id)
+    checkpoint = None
+    if not from_scratch:
+        try:
+            checkpoint = store.latest_checkpoint(run.id)
+        except (ValueError, SQLAlchemyError) as exc:
+            raise UserError(f"run {run.id}: its newest checkpoint is damaged ({_first_line(exc)}); resume with "
+                            "--from-scratch (proposes again from generation 0; stored measurements are reused)") \
+                from None
+        if checkpoint is not None and (not isinstance(checkpoint[1], dict)
+                                       or checkpoint[1].get("strategy", s.strategy) != s.strategy):
+            raise UserError(f"run {run.id}: the checkpoint of generation {checkpoint[0]} is not a {s.strategy} "
+                            "checkpoint; resume with --from-scratch")
     state = checkpoint[1] if checkpoint else None
     store.set_run_status(run.id, "running")
     if not quiet:
@@ -167,7 +192,7 @@ def _stop_on_sigint(runner: Runner) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _heartbeat(store: Store, runner: Runner, token: str) -> Iterator[None]:
+def _heartbeat(store: Store, runner: Runner, token: str, claim: elite_json.OutClaim) -> Iterator[None]:
     """Renew the run's lease in the background while the search runs; flag the runner if it was taken over."""
     from evoengineer.store.store import LEASE_STALE_S
 
@@ -175,6 +200,7 @@ def _heartbeat(store: Store, runner: Runner, token: str) -> Iterator[None]:
 
     def beat() -> None:
         while not done.wait(min(10.0, LEASE_STALE_S / 4)):
+            claim.touch()
             try:
                 if not store.heartbeat(runner.run.id, token):
                     runner.lease_lost = True
@@ -193,23 +219,50 @@ def _heartbeat(store: Store, runner: Runner, token: str) -> Iterator[None]:
 
 def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
              state: dict[str, Any] | None, quiet: bool, token: str) -> int:
-    """Drive the run while holding its lease (renewed in the background, released at the end)."""
+    """Drive the run while holding its lease (renewed in the background, released at the end) and the claim on
+    its elite.json. A store or disk that fails mid-run ends it with one line (exit 1), resumable."""
+    claim = elite_json.OutClaim(out, run.id, store.url)
     try:
-        return _drive(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token)
+        claim.acquire()
+        return _drive(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token, claim=claim)
+    except (SQLAlchemyError, StoreError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            store.set_run_status(run.id, "interrupted", f"{type(exc).__name__}: {_first_line(exc)}")
+        what = "the store" if isinstance(exc, (SQLAlchemyError, StoreError)) else "a file"
+        print(f"error: run {run.id} stopped: {what} failed: {_first_line(exc)}; what was measured is stored; "
+              f"once fixed, resume with: {resume_command(store.url, run.id)}", file=sys.stderr)
+        return 1
     finally:
+        claim.release()
         with contextlib.suppress(Exception):  # a store that fails here fails loudly elsewhere; the lease goes stale
             store.release_lease(run.id, token)
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception as one short line (SQLAlchemy's own text without its SQL and links)."""
+    inner = getattr(exc, "orig", None) or exc
+    text = str(inner) if not isinstance(inner, OSError) or not inner.strerror else \
+        f"{inner.strerror}" + (f": {inner.filename}" if inner.filename else "")
+    return " ".join(text.split())[:300] or type(exc).__name__
+
+
 def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
-           state: dict[str, Any] | None, quiet: bool, token: str) -> int:
+           state: dict[str, Any] | None, quiet: bool, token: str, claim: elite_json.OutClaim) -> int:
     observers = [] if quiet else [ProgressPrinter()]
     runner = Runner(space=space, evaluator=evaluator, store=store, run=run, settings=s, out=out,
                     observers=observers)
     strategy = STRATEGIES[s.strategy](runner)
     try:
-        with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token):
-            reason = strategy.run(state)
+        with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token, claim):
+            try:
+                reason = strategy.run(state)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                if state is None or runner.evaluate_calls:
+                    raise
+                # the strategy failed reading its checkpoint before proposing anything: damaged state
+                raise UserError(f"run {run.id}: the checkpoint of generation {state.get('generation', '?')} cannot "
+                                f"be used ({type(exc).__name__}: {exc}); resume with --from-scratch (proposes again "
+                                "from generation 0; stored measurements are reused, not repeated)") from None
     except LeaseLost as exc:  # the run is someone else's now: write nothing more
         print(str(exc), file=sys.stderr)
         return 1

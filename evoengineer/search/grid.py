@@ -23,8 +23,10 @@ class GridSearch:
         start = int(state["next"]) if state else 0
         gen = int(state["generation"]) + 1 if state else 0
         reason = "space exhausted"
+        last = max(0, gen - 1)  # the last generation that ran (a resumed run with nothing left: the stored one)
         for i in range(start, len(valid), batch):
             r.evaluate(valid[i:i + batch], gen)
+            last = gen
             nxt = i + batch
             if not r.exhausted:
                 r.store.save_checkpoint(r.run.id, gen, {"strategy": self.name, "generation": gen, "next": nxt})
@@ -33,5 +35,5 @@ class GridSearch:
                 reason = r.why_stopped()
                 break
             gen += 1
-        r.publish(r.best(s.elite), gen, finished=True, stats={"gen": gen, "stop": reason})
+        r.publish(r.best(s.elite), last, finished=True, stats={"gen": last, "stop": reason})
         return reason

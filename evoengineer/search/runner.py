@@ -87,7 +87,8 @@ class Runner:
         self._hash_of: dict[tuple[int, ...], str] = {}
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
-        self.lease_lost = False  # set by the driver's heartbeat thread when another process took the run over
+        self.lease_lost = False
+        self.evaluate_calls = 0  # set by the driver's heartbeat thread when another process took the run over
 
     # ---- identity -------------------------------------------------------------------------------------------------
     def hash_of(self, genome: Sequence[int]) -> str:
@@ -137,6 +138,7 @@ class Runner:
         """Records for `genomes`, in order. None where the budget ran out before that genome was reached."""
         genomes = [tuple(g) for g in genomes]
         self.generation = generation
+        self.evaluate_calls += 1
         new: list[tuple[int, ...]] = []
         queued: set[str] = set()
         for g in genomes:
