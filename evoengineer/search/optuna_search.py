@@ -118,21 +118,10 @@ class OptunaSearch:
         return out
 
     # ---- the study ------------------------------------------------------------------------------------------------
-    def _new_study(self, n_done: int):
-        # a resumed run reseeds with the number of trials it starts from, so it does not redraw the first suggestions
-        sampler = make_sampler(self.sampler_name, seed=self.settings.seed + 7919 * n_done,
-                               population=self.settings.population)
+    def _new_study(self):
+        sampler = make_sampler(self.sampler_name, seed=self.settings.seed, population=self.settings.population)
         return self.optuna.create_study(direction="minimize", sampler=sampler,
                                         study_name=f"evoengineer-run-{self.runner.run.id}")
-
-    def _frozen(self, rec: CandidateRecord):
-        genome = self.space.params_to_genome(rec.params)
-        ok = rec.status == "ok" and math.isfinite(rec.time_us)
-        TrialState = self.optuna.trial.TrialState
-        return self.optuna.trial.create_trial(
-            params=self.params_of(genome), distributions=self.distributions,
-            value=rec.time_us if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL,
-            user_attrs={"hash": rec.hash, "status": rec.status})
 
     def _tell(self, study, trial, rec: CandidateRecord | None) -> None:
         TrialState = self.optuna.trial.TrialState
@@ -158,12 +147,7 @@ class OptunaSearch:
         best = free[dist == dist.min()]
         return tuple(int(x) for x in self.valid[self.rng.choice(list(best))])
 
-    def _mark(self, genome: Sequence[int]) -> None:
-        i = self._valid_index.get(tuple(genome))
-        if i is not None:
-            self._seen[i] = True
-
-    def _ask_new(self, study, echoes: list[tuple[Any, str]]) -> tuple[Any, tuple[int, ...]] | None:
+    def _ask_new(self, study, echoes: list[tuple[Any, str]], gen: int) -> tuple[Any, tuple[int, ...]] | None:
         """One trial holding a valid, unseen configuration; None when every valid configuration is seen."""
         TrialState = self.optuna.trial.TrialState
         for _ in range(4):  # an enqueued configuration comes back on the next ask; the loop is a safety net
@@ -182,7 +166,7 @@ class OptunaSearch:
                 self.counts["repeats"] += 1
                 h = self.runner.hash_of(genome)
                 rec = self.runner.records.get(h)
-                if rec is not None:
+                if rec is not None and rec.generation < gen:
                     self._tell(study, trial, rec)
                 else:
                     echoes.append((trial, h))  # pending in this batch: told once it is measured
@@ -202,25 +186,24 @@ class OptunaSearch:
             "strategy": self.name, "sampler": self.sampler_name, "generation": gen, **self.counts})
 
     def run(self, state: dict[str, Any] | None = None) -> str:
+        """Ask, evaluate, tell until the budget or the space is spent. A resumed run starts over from generation 0
+        with the same seeded sampler and replays its stored generations: every proposal of those is answered from
+        the store (nothing is measured again) and told to the study exactly as the first time, so the sampler ends
+        in the state the uninterrupted run had and proposes what it would have (an exact resume, whatever the
+        sampler keeps internally). `state` (the newest checkpoint) only says how far the replay goes."""
         r, s = self.runner, self.settings
-        done = list(r.records.values())  # in evaluation order: the study's trials so far (the store's mirror)
-        for rec in done:
-            self._mark(self.space.params_to_genome(rec.params))
-        study = self.study = self._new_study(len(done))
-        if done:
-            study.add_trials([self._frozen(rec) for rec in done])
-        if state:
-            self.counts.update({k: int(state.get(k, 0)) for k in self.counts})
-        gen = int(state["generation"]) + 1 if state else 0
+        study = self.study = self._new_study()
+        stored_until = max((rec.generation for rec in r.records.values()), default=-1)
+        gen = 0
         while True:
-            reason = r.cap_reached()
+            reason = r.cap_reached(gen)
             if reason:
                 break
-            want = min(self.batch_size(), s.max_evaluations - r.evaluations)
+            want = min(self.batch_size(), s.max_evaluations - r.evaluations_before(gen))
             trials: list[tuple[Any, tuple[int, ...]]] = []
             echoes: list[tuple[Any, str]] = []
             for _ in range(want):
-                got = self._ask_new(study, echoes)
+                got = self._ask_new(study, echoes, gen)
                 if got is None:
                     break
                 trials.append(got)
@@ -232,9 +215,10 @@ class OptunaSearch:
                 self._tell(study, trial, rec)
             for trial, h in echoes:
                 self._tell(study, trial, r.records.get(h))
-            if not r.exhausted:
-                self._checkpoint(gen)
-            r.publish(r.best(s.elite), gen, stats={"gen": gen, **self.counts})
+            if gen >= stored_until:  # replayed generations were checkpointed and published the first time
+                if not r.exhausted:
+                    self._checkpoint(gen)
+                r.publish(r.best(s.elite), gen, stats={"gen": gen, **self.counts})
             gen += 1
         r.publish_final(gen - 1, reason)
         return reason

@@ -112,13 +112,20 @@ class Runner:
     def why_stopped(self) -> str:
         return self.stop_reason or "budget"
 
-    def cap_reached(self) -> str | None:
-        """For the batch strategies (random, optuna): why no further batch may start, or None."""
+    def cap_reached(self, generation: int | None = None) -> str | None:
+        """For the batch strategies (random, optuna): why no further batch may start, or None. With `generation`:
+        as the run stood when that generation began (a strategy replaying its stored generations after a resume
+        decides exactly as the uninterrupted run did)."""
         if self.exhausted:
             return self.why_stopped()
-        if self.evaluations >= self.settings.max_evaluations:
+        n = self.evaluations if generation is None else self.evaluations_before(generation)
+        if n >= self.settings.max_evaluations:
             return "budget" if self.settings.budget is not None else "generations"
         return None
+
+    def evaluations_before(self, generation: int) -> int:
+        """Evaluations stored by the generations before `generation`."""
+        return sum(1 for r in self.records.values() if r.generation < generation)
 
     @property
     def evaluations(self) -> int:
@@ -162,7 +169,8 @@ class Runner:
             for cand, m in self.evaluator.evaluate_many(candidates):
                 self._record(CandidateRecord(hash=cand.hash, params=cand.params, status=m.status, reason=m.reason,
                                              metrics=dict(m.metrics), generation=generation, source=cand.source))
-        if self.settings.budget is not None and self.evaluations >= self.settings.budget:
+        # the budget as of this generation (all of the run in a fresh run; a replayed one counts only its past)
+        if self.settings.budget is not None and self.evaluations_before(generation + 1) >= self.settings.budget:
             self.exhausted = True
         return [self.records.get(self.hash_of(g)) for g in genomes]
 
