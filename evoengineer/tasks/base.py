@@ -117,10 +117,11 @@ class Task(ABC):
 
 def get_task(space: SearchSpace) -> Task:
     """The task named by the space."""
+    from evoengineer.tasks.decode import DecodeTask
     from evoengineer.tasks.msda import MSDATask
     from evoengineer.tasks.sdpa import SDPATask
 
-    tasks = {"msda": MSDATask, "sdpa": SDPATask}
+    tasks = {"msda": MSDATask, "sdpa": SDPATask, "decode": DecodeTask}
     if space.task not in tasks:
         raise UserError(f"{space.path or space.name}: task {space.task!r} is unknown (known: {', '.join(tasks)})")
     return tasks[space.task](space)

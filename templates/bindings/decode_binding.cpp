@@ -1,0 +1,124 @@
+// Torch binding of the decode-attention family (evoengineer/tasks/decode.py), compiled ONCE per family and toolchain.
+// Each candidate's shared library links against it and hands over its kernel entry point and the signature it was
+// compiled for; this file turns that into a Python module with `forward(...)` that refuses, with a
+// ValueError/TypeError naming the argument and both values, any input the kernel was not compiled for (head dim,
+// Q and K/V dtypes) or that breaks the layout (GQA group, seq_lens).
+#include <torch/extension.h>
+
+#include "candidate_module.h"
+#ifdef EVO_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+namespace {
+
+// Entry point every decode template exports as extern "C" evo_decode_forward. q/out [B, Hq, Sq, D] in Q_DTYPE, k/v
+// [B, Hkv, Sk, D] in KV_DTYPE, k_scale/v_scale float32 [Hkv], seq_lens int32 [B] (1 <= seq_lens[b] <= Sk).
+using DecodeForwardFn = int (*)(const void* q, const void* k, const void* v, const float* k_scale,
+                                const float* v_scale, const int32_t* seq_lens, void* out, int64_t B, int64_t Hq,
+                                int64_t Hkv, int64_t Sq, int64_t Sk, float softmax_scale, void* stream);
+
+struct DecodeSignature {
+  DecodeForwardFn fn;
+  int64_t head_dim;
+  at::ScalarType q_dtype, kv_dtype;
+  std::string text;
+};
+
+void expect(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
+                    ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
+}
+
+int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+            const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& seq_lens,
+            torch::Tensor& out, double softmax_scale) {
+  const auto device = q.device();
+#ifdef EVO_WITH_CUDA
+  TORCH_CHECK_VALUE(device.is_cuda(), "q: on ", device, ", the CUDA kernel needs CUDA tensors");
+#else
+  TORCH_CHECK_VALUE(device.is_cpu(), "q: on ", device, ", this CPU kernel needs CPU tensors");
+#endif
+  expect(q, "q", 4, device);
+  expect(k, "k", 4, device);
+  expect(v, "v", 4, device);
+  expect(out, "out", 4, device);
+  expect(k_scale, "k_scale", 1, device);
+  expect(v_scale, "v_scale", 1, device);
+  expect(seq_lens, "seq_lens", 1, device);
+  TORCH_CHECK_TYPE(q.scalar_type() == sig.q_dtype, "q: dtype ", evo_dtype_name(q.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.q_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(out.scalar_type() == sig.q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()),
+                   " must match q (", evo_dtype_name(sig.q_dtype), ")");
+  TORCH_CHECK_TYPE(k.scalar_type() == sig.kv_dtype, "k: dtype ", evo_dtype_name(k.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(v.scalar_type() == sig.kv_dtype, "v: dtype ", evo_dtype_name(v.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
+  TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
+                   "k_scale, v_scale: must be float32, got ", evo_dtype_name(k_scale.scalar_type()), " and ",
+                   evo_dtype_name(v_scale.scalar_type()));
+  TORCH_CHECK_TYPE(seq_lens.scalar_type() == at::ScalarType::Int, "seq_lens: must be int32, got ",
+                   evo_dtype_name(seq_lens.scalar_type()));
+  const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3), Hkv = k.size(1), Sk = k.size(2);
+  TORCH_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
+                    sig.head_dim, " (", sig.text, ")");
+  TORCH_CHECK_VALUE(Sq >= 1 && Sq <= 16, "q: ", Sq, " query rows (size 2); this family decodes 1 to 16");
+  TORCH_CHECK_VALUE(k.size(0) == B && k.size(3) == D, "k: expected [B, Hkv, Sk, D] = [", B, ", Hkv, Sk, ", D,
+                    "] (from q), got ", k.sizes());
+  TORCH_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, "k: ", Hkv, " KV heads (size 1) do not divide the ", Hq,
+                    " query heads of q (grouped-query attention needs Hq = G x Hkv)");
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK_VALUE(k_scale.size(0) == Hkv && v_scale.size(0) == Hkv, "k_scale, v_scale: expected [Hkv] = [", Hkv,
+                    "], got ", k_scale.sizes(), " and ", v_scale.sizes());
+  TORCH_CHECK_VALUE(seq_lens.size(0) == B, "seq_lens: expected [B] = [", B, "], got ", seq_lens.sizes());
+  TORCH_CHECK_VALUE(Sk > 0, "k: an empty cache (Sk = 0): softmax over nothing");
+  if (B * Hq == 0) return 0;
+  // the lengths are device data: a kernel clamps them to [1, Sk] and the task's inputs keep them there; checking
+  // them here would cost a device-to-host copy per call
+  void* stream = nullptr;
+#ifdef EVO_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(device);
+  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#endif
+  int rc;
+  {
+    pybind11::gil_scoped_release nogil;
+    rc = sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+                seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk, static_cast<float>(softmax_scale),
+                stream);
+  }
+  return rc;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
+                                                                                    const char* signature) {
+  auto sig = std::make_shared<DecodeSignature>();
+  sig->fn = reinterpret_cast<DecodeForwardFn>(entry);
+  sig->text = signature;
+  return evo_make_candidate_module(name, "EvoEngineer decode-attention candidate", signature, [sig](pybind11::module_& m) {
+    const auto parsed = evo_parse_signature(sig->text.c_str());
+    sig->head_dim = evo_signature_int(parsed, "HEAD_DIM");
+    sig->q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
+    sig->kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
+                                                                                       : "float16");
+    m.def("forward",
+          [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
+                const torch::Tensor& v_scale, const torch::Tensor& seq_lens, torch::Tensor out, double softmax_scale) {
+            return forward(*sig, q, k, v, k_scale, v_scale, seq_lens, out, softmax_scale);
+          },
+          "Run the candidate kernel (q, k, v, k_scale, v_scale, seq_lens, out, softmax_scale); returns its status "
+          "code (0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
+          pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_scale"),
+          pybind11::arg("v_scale"), pybind11::arg("seq_lens"), pybind11::arg("out"), pybind11::arg("softmax_scale"));
+  });
+}
