@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import shutil
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -139,3 +140,17 @@ class CheckingEvaluator(Evaluator):
         self.keys.add(key)
         self.calls.append(candidate.hash)
         return self.inner.evaluate(candidate)
+
+
+def stored_count(db: Path) -> int:
+    """Evaluations committed to a store that another process is writing (0 while it does not exist yet)."""
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("select count(*) from candidates").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0

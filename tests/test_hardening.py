@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
 import socket
 import sqlite3
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stored_count as _count
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCH = ["--space", "toy_space.toml", "--landscape", "landscape.csv", "--seed", "3", "--population", "12",
@@ -32,17 +32,6 @@ def _env(delay: float = 0.0) -> dict:
 def _cli(args, cwd: Path, delay: float = 0.0) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evoengineer", *args], cwd=cwd, env=_env(delay),
                           capture_output=True, text=True, timeout=300)
-
-
-def _count(db: Path) -> int:
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("select count(*) from candidates").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
 
 
 def _one_line(stderr: str) -> str:

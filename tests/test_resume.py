@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stored_count as _count
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCH = ["--seed", "7", "--population", "12", "--generations", "30", "--budget", "90"]
@@ -27,19 +28,6 @@ def _env(delay: float) -> dict:
 def _cli(args, cwd: Path, delay: float = 0.0, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evoengineer", *args], cwd=cwd, env=_env(delay),
                           capture_output=True, text=True, timeout=300, **kw)
-
-
-def _count(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("select count(*) from candidates").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
 
 
 def _evaluated(db: Path) -> set[str]:

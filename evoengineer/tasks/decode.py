@@ -26,13 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evoengineer.errors import UserError
 from evoengineer.tasks.base import Task
-from evoengineer.tasks.sdpa import FP8_MAX, KV_DTYPES, Q_DTYPES
+from evoengineer.tasks.sdpa import FP8_MAX, attention_signature, attention_signature_text
 
 __all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", "min_bytes"]
 
-HEAD_DIMS = (64, 128)
 MAX_SQ = 16
 _REQUIRED = ("name", "B", "Hq", "Hkv", "Sk")
 _OPTIONAL = ("Sq", "seq_lens", "fp16_max_abs_err")
@@ -191,25 +189,12 @@ class DecodeTask(Task):
     binding = "bindings/decode_binding.cpp"
 
     def __init__(self, space):
-        sig = space.signature
-        where = f"{space.path or space.name}: signature"
-        if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
-            raise UserError(f"{where}.HEAD_DIM: the decode task needs HEAD_DIM in {list(HEAD_DIMS)}")
-        q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
-        if q_name not in Q_DTYPES:
-            raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
-        if kv_name not in (q_name, "float8_e4m3"):
-            raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3'")
-        self.head_dim = sig["HEAD_DIM"]
-        self.q_dtype, self.kv_dtype = Q_DTYPES[q_name], KV_DTYPES[kv_name]
+        self.head_dim, self.q_dtype, self.kv_dtype = attention_signature(space, "decode", fp8_needs_fp16_q=False)
         self.fp8 = self.kv_dtype == torch.float8_e4m3fn
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
         super().__init__(space)
 
-    @staticmethod
-    def signature_text(sig) -> str:
-        q = sig.get("Q_DTYPE", "float16")
-        return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+    signature_text = staticmethod(attention_signature_text)
 
     def binding_signature(self):
         return self.signature_text(self.space.signature)

@@ -191,6 +191,29 @@ def min_bytes(shape: SDPAShape, head_dim: int, q_itemsize: int, kv_itemsize: int
 
 
 # ---- the task, as the evaluator sees it ----------------------------------------------------------------------------
+def attention_signature(space, task: str, *, fp8_needs_fp16_q: bool) -> tuple[int, torch.dtype, torch.dtype]:
+    """HEAD_DIM, Q and KV dtypes of an attention space's signature (shared by the sdpa and decode tasks); UserError
+    naming the key otherwise."""
+    sig = space.signature
+    where = f"{space.path or space.name}: signature"
+    if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
+        raise UserError(f"{where}.HEAD_DIM: the {task} task needs HEAD_DIM in {list(HEAD_DIMS)}")
+    q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
+    if q_name not in Q_DTYPES:
+        raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
+    fp8_ok = q_name == "float16" or not fp8_needs_fp16_q
+    if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and not fp8_ok):
+        with_q = " (with Q_DTYPE 'float16')" if fp8_needs_fp16_q else ""
+        raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3'{with_q}")
+    return sig["HEAD_DIM"], Q_DTYPES[q_name], KV_DTYPES[kv_name]
+
+
+def attention_signature_text(sig) -> str:
+    """What an attention binding checks, from a signature table (the space's, or one recorded in elite.json)."""
+    q = sig.get("Q_DTYPE", "float16")
+    return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+
+
 class SDPATask(Task):
     """SDPA forward. Signature constants: HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE; B, H, Sq, Sk, causal are runtime."""
 
@@ -199,26 +222,12 @@ class SDPATask(Task):
     binding = "bindings/sdpa_binding.cpp"
 
     def __init__(self, space):
-        sig = space.signature
-        where = f"{space.path or space.name}: signature"
-        if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
-            raise UserError(f"{where}.HEAD_DIM: the sdpa task needs HEAD_DIM in {list(HEAD_DIMS)}")
-        q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
-        if q_name not in Q_DTYPES:
-            raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
-        if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and q_name != "float16"):
-            raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3' (with Q_DTYPE 'float16')")
-        self.head_dim = sig["HEAD_DIM"]
-        self.q_dtype, self.kv_dtype = Q_DTYPES[q_name], KV_DTYPES[kv_name]
+        self.head_dim, self.q_dtype, self.kv_dtype = attention_signature(space, "sdpa", fp8_needs_fp16_q=True)
         self.fp8 = self.kv_dtype == torch.float8_e4m3fn
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
         super().__init__(space)
 
-    @staticmethod
-    def signature_text(sig) -> str:
-        """What the binding checks, from a signature table (the space's, or one recorded in elite.json)."""
-        q = sig.get("Q_DTYPE", "float16")
-        return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+    signature_text = staticmethod(attention_signature_text)
 
     def binding_signature(self):
         return self.signature_text(self.space.signature)
