@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
+import jinja2.sandbox
 
 from evoengineer import TEMPLATES_DIR
 from evoengineer.errors import UserError
@@ -49,20 +52,28 @@ def _template_files(space: SearchSpace) -> dict[str, tuple[str, str | None]]:
     """name -> (source, filename) for the template and everything it includes or extends."""
     env = _environment(str(space.template_path.parent))
     seen: dict[str, tuple[str, str | None]] = {}
-    todo = [space.template_path.name]
+    todo: list[tuple[str, str | None]] = [(space.template_path.name, None)]  # (name, the file that includes it)
     while todo:
-        name = todo.pop()
+        name, includer = todo.pop()
         if name in seen:
             continue
         try:
             source, filename, _ = env.loader.get_source(env, name)
             parsed = env.parse(source)
+        except (jinja2.TemplateNotFound, TemplateOutsideFolder) as exc:
+            if includer is None:
+                raise _template_error(space.template_path, exc) from None
+            why = (str(exc) if isinstance(exc, TemplateOutsideFolder) else
+                   f"included template {name!r} not found in {space.template_path.parent} or {TEMPLATES_DIR} "
+                   "(an include names a file inside the template's folder or the shipped templates folder: "
+                   "no '..', no absolute path)")
+            raise UserError(f"{includer}: template error: {why}") from None
         except jinja2.TemplateError as exc:
-            raise _template_error(space.template_path if name == space.template_path.name else Path(name), exc) from None
+            raise _template_error(space.template_path if includer is None else Path(name), exc) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"{space.template_path}: cannot read template {name!r}: {exc}") from None
         seen[name] = (source, filename)
-        todo.extend(n for n in jinja2.meta.find_referenced_templates(parsed) if n is not None)
+        todo.extend((n, filename or name) for n in jinja2.meta.find_referenced_templates(parsed) if n is not None)
     return seen
 
 
@@ -100,12 +111,55 @@ def candidate_hash(space: SearchSpace, params: dict[str, Any], template_sha: str
     return sha256_text(json.dumps(ident, sort_keys=True))
 
 
+class TemplateOutsideFolder(jinja2.TemplateError):
+    """An {% include %} / {% extends %} that resolves (through a symlink) outside the folder it was found in."""
+
+
+class ContainedLoader(jinja2.FileSystemLoader):
+    """FileSystemLoader that also refuses a file whose real path (symlinks resolved) leaves its search folder.
+    Jinja already refuses '..' pieces and roots absolute names at the search folder."""
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        try:
+            pieces = jinja2.loaders.split_template_path(template)
+        except jinja2.TemplateNotFound:
+            raise jinja2.TemplateNotFound(template, f"{template!r}: a template name may not climb out with '..'") \
+                from None
+        for searchpath in self.searchpath:
+            filename = posixpath.join(searchpath, *pieces)
+            if not os.path.isfile(filename):
+                continue
+            root, real = os.path.realpath(searchpath), os.path.realpath(filename)
+            if os.path.commonpath([root, real]) != root:
+                raise TemplateOutsideFolder(f"{template!r} is {filename}, which resolves to {real}, outside {root} "
+                                            "(a symlink?); templates may include only files inside their folder or "
+                                            "the shipped templates folder")
+            with open(real, encoding=self.encoding) as f:
+                contents = f.read()
+            mtime = os.path.getmtime(real)
+
+            def uptodate() -> bool:
+                try:
+                    return os.path.getmtime(real) == mtime
+                except OSError:
+                    return False
+
+            return contents, os.path.normpath(filename), uptodate
+        raise jinja2.TemplateNotFound(template, f"{template!r} not found in search paths: "
+                                                f"{', '.join(repr(p) for p in self.searchpath)}")
+
+
+def _new_environment(loader: jinja2.BaseLoader, **options: Any) -> jinja2.Environment:
+    # Sandboxed: rendering a template from a space file cannot reach Python internals (obj.__class__...) or run code;
+    # StrictUndefined: a misspelt name is an error, never an empty string.
+    return jinja2.sandbox.SandboxedEnvironment(loader=loader, undefined=jinja2.StrictUndefined,
+                                               keep_trailing_newline=True, autoescape=False, **options)
+
+
 @lru_cache(maxsize=32)
 def _environment(template_dir: str) -> jinja2.Environment:
     # The template's own folder first, then templates/ (so a template can include a shipped one).
-    loader = jinja2.FileSystemLoader([template_dir, str(TEMPLATES_DIR)])
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    return _new_environment(ContainedLoader([template_dir, str(TEMPLATES_DIR)]))
 
 
 def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environment | None = None) -> str:
@@ -157,9 +211,7 @@ class CandidateFactory:
         self.template_sha = _sources_sha256(self.sources)
         fallback = _environment(str(space.template_path.parent)).loader  # dynamic includes, if any
         snapshot = jinja2.FunctionLoader(lambda name: (*files[name], lambda: True) if name in files else None)
-        self._env = jinja2.Environment(loader=jinja2.ChoiceLoader([snapshot, fallback]),
-                                       undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                                       autoescape=False, auto_reload=False)
+        self._env = _new_environment(jinja2.ChoiceLoader([snapshot, fallback]), auto_reload=False)
 
     def make(self, params: dict[str, Any]) -> Candidate:
         source = render(self.space, params, env=self._env)

@@ -166,6 +166,7 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
         write_kernel_folder(e, pkg)
         for f in ("runtime.py", "msda_reference.py"):
             shutil.copyfile(OPS_DIR / f, pkg / f)
+        shutil.copyfile(OPS_DIR.parent / "space" / "flags.py", pkg / "flags.py")  # the runtime checks build flags
         (pkg / "__init__.py").write_text(_INIT.format(summary=summary, source_name=Path(path).name, rank=rank,
                                                       hash12=e["hash"][:12], package=package, function=function))
         (tmp / "pyproject.toml").write_text(_PYPROJECT.format(dist=package.replace("_", "-"), summary=summary,

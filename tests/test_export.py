@@ -231,6 +231,24 @@ def test_load_returns_the_same_callable(msda_elite, msda_package):
                               1)))
 
 
+def test_load_refuses_build_flags_a_shell_would_run(msda_elite, tmp_path):
+    """An elite.json is a file from somewhere too: its build flags pass the space files' whitelist before ninja (and
+    so /bin/sh) sees them; the exported package carries the same check."""
+    import evoengineer
+
+    doc = json.loads(msda_elite.read_text())
+    marker = tmp_path / "ran"
+    doc["elites"][0]["build"]["flags"].append(f"-DX=1;touch {marker};true")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"build\.flags\[\d+\]: flag .* refused"):
+        evoengineer.load(bad, rank=1)
+    assert not marker.exists()
+    from evoengineer.export import OPS_DIR
+
+    assert (OPS_DIR.parent / "space" / "flags.py").exists()
+
+
 def test_export_refuses_what_it_cannot_build_faithfully(msda_elite, tmp_path, capsys):
     doc = json.loads(msda_elite.read_text())
     edited = json.loads(json.dumps(doc))

@@ -277,3 +277,13 @@ def test_a_garbled_checkpoint_is_named_and_from_scratch_recovers(toy_dir: Path, 
     assert con.execute("select status from runs").fetchone() == ("finished",)
     assert con.execute("select count(*) from candidates").fetchone()[0] == 60 >= stored
     con.close()
+
+
+def test_population_and_elite_sanity(toy_dir: Path):
+    r = _cli(["search", *SEARCH, "--db", "sqlite:///p.db", "--population", "100"], toy_dir)  # budget 60
+    assert r.returncode == 2 and "--population 100 is larger than --budget 60" in _one_line(r.stderr)
+    r = _cli(["search", *SEARCH, "--db", "sqlite:///p.db", "--population", "20", "--elite", "15", "--budget", "40"],
+             toy_dir)
+    assert r.returncode == 0, r.stderr
+    warning = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warning) == 1 and "--elite 15 of --population 20" in warning[0]

@@ -22,6 +22,7 @@ from evoengineer import TEMPLATES_DIR
 from evoengineer.compiler import steps
 from evoengineer.compiler.toolchain import toolchain
 from evoengineer.candidate import Candidate
+from evoengineer.space.flags import check_flags
 from evoengineer.space.spec import SearchSpace
 
 CACHED_FAILURES = ("compile_error", "link_error", "gate_failed")
@@ -54,6 +55,9 @@ class Builder:
 
     def __init__(self, space: SearchSpace, *, entry: str, binding: str, signature: str,
                  cache_dir: str | Path | None = None, jobs: int | None = None):
+        # load_space already refused these; a space made some other way must not reach /bin/sh through ninja either
+        for key, flags in (("flags", space.build_flags), ("cuda_flags", space.cuda_flags), ("ldflags", space.ldflags)):
+            check_flags(list(flags), str(space.path or space.name), key)
         self.space = space
         self.entry = entry
         self.signature = signature  # "KEY=VALUE;..." handed to the binding, which refuses other inputs

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from .msda_reference import msda_reference, msda_reference_backward
+
+try:  # an exported package carries its own copy of the flag whitelist
+    from .flags import flag_problem
+except ImportError:
+    from evoengineer.space.flags import flag_problem
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float8_e4m3": torch.float8_e4m3fn}
@@ -97,6 +103,15 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     from torch.utils import cpp_extension
 
     build = kernel["build"]
+    # an elite.json is a file like a space file: its flags reach /bin/sh through ninja, so they pass the same
+    # whitelist before anything is compiled
+    for key in ("flags", "cuda_flags", "ldflags"):
+        for i, flag in enumerate(build.get(key) or []):
+            why = flag_problem(flag)
+            if why is not None:
+                raise ValueError(f"kernel {kernel['hash'][:12]}: build.{key}[{i}]: flag {flag!r} refused: {why}")
+    if build.get("arch") is not None and not re.fullmatch(r"sm_[0-9]{2,3}[a-z]?", str(build["arch"])):
+        raise ValueError(f"kernel {kernel['hash'][:12]}: build.arch {build['arch']!r} refused: expected sm_NN[a]")
     name = kernel["module"]
     if name in _loaded():
         return _loaded()[name]

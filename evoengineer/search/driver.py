@@ -46,9 +46,6 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         raise UserError("--population must be at least 2")
     if values["elite"] < 1 or values["elite"] >= values["population"]:
         raise UserError("--elite must be at least 1 and smaller than --population")
-    if values["elite"] > values["population"] // 2:
-        raise UserError(f"--elite {values['elite']} with --population {values['population']}: elites carried over "
-                        "would crowd out the children; use at most half the population")
     if values["generations"] < 0:
         raise UserError("--generations must be >= 0")
     if values["budget"] is not None and values["budget"] < 1:
@@ -87,6 +84,10 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
         make_sampler(s.sampler, seed=s.seed, population=s.population)  # a missing optional package fails here
     CandidateFactory(space).from_genome(space.valid_genomes()[0])  # template errors surface before anything is written
     elite_json.check_writable(out, space.name, force=force)
+    if s.strategy == "ga" and s.generations > 0 and s.elite > s.population // 2 and not quiet:
+        print(f"warning: --elite {s.elite} of --population {s.population}: the carried elites leave "
+              f"{s.population - s.elite} children per generation (selection barely moves); fine for a one-generation "
+              "screen, not for a search", file=sys.stderr)
     if landscape is not None:
         landscape = str(Path(landscape).resolve())
     evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keyword
 import math
 import random
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ else:  # pragma: no cover
 from evoengineer import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.expr import Expression, ExprError
+from evoengineer.space.flags import check_flags
 
 Value = Any  # int | float | bool | str
 Genome = list[int]
@@ -29,6 +31,7 @@ SEARCH_KEYS = ("population", "generations", "elite", "budget", "seed")
 TOP_KEYS = ("name", "description", "template", "task", "backend", "arch", "signature", "parameters",
             "constraints", "gates", "shapes", "build", "search", "evaluation")
 ENUMERATION_LIMIT = 5_000_000
+ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")  # a CUDA target: it reaches nvcc and TORCH_CUDA_ARCH_LIST
 
 
 @dataclass(frozen=True)
@@ -302,8 +305,9 @@ def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
     if backend not in BACKENDS:
         raise UserError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}")
     arch = data.get("arch")
-    if backend == "cuda" and not (isinstance(arch, str) and arch.startswith("sm_")):
-        raise UserError(f"{where}: arch: a cuda space needs arch = \"sm_XX\" (e.g. \"sm_90\")")
+    if backend == "cuda" and not (isinstance(arch, str) and ARCH.fullmatch(arch)):
+        raise UserError(f"{where}: arch: a cuda space needs arch = \"sm_XX\" (e.g. \"sm_90\", \"sm_90a\"), "
+                        f"got {arch!r}")
     if backend == "cpu" and arch is not None:
         raise UserError(f"{where}: arch: only cuda spaces take an arch")
 
@@ -358,6 +362,7 @@ def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
         v = build.get(k, [])
         if not isinstance(v, list) or not all(isinstance(f, str) for f in v):
             raise UserError(f"{where}: build.{k} must be a list of strings")
+        check_flags(v, where, k)  # they reach /bin/sh through ninja: one whitelisted token each
 
     search = data.get("search", {})
     if not isinstance(search, dict):
@@ -383,15 +388,24 @@ def _parse(data: dict, text: str, path: Path | None, where: str) -> SearchSpace:
 
 
 def _resolve_template(template: str, path: Path | None, where: str) -> Path:
-    candidates = []
+    """The template file: relative to the space file's folder, else to the shipped templates folder, and inside that
+    folder once symlinks are resolved. A space file may come from anyone, and its template becomes the kernel source
+    (stored, exported): an absolute path, a '..' or a symlink out of the folder could make it any file at all."""
+    roots = ([path.parent.resolve()] if path is not None else []) + [TEMPLATES_DIR.resolve()]
+    inside = f"a template must lie inside the space file's folder or the shipped templates folder ({roots[-1]})"
     t = Path(template)
-    if t.is_absolute():
-        candidates.append(t)
-    else:
-        if path is not None:
-            candidates.append(path.parent / t)
-        candidates.append(TEMPLATES_DIR / t)
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    raise UserError(f"{where}: template: {template!r} not found (looked in {', '.join(str(c.parent) for c in candidates)})")
+    if t.is_absolute() or template.startswith("~"):
+        raise UserError(f"{where}: template: {template!r} is an absolute path; {inside}")
+    if ".." in t.parts:
+        raise UserError(f"{where}: template: {template!r} climbs out of its folder with '..'; {inside}")
+    for root in roots:
+        c = root / t
+        if not (c.exists() or c.is_symlink()):
+            continue
+        real = c.resolve()
+        if not real.is_relative_to(root):
+            raise UserError(f"{where}: template: {template!r} is {c}, which resolves to {real}, outside {root} "
+                            f"(a symlink?); {inside}")
+        if real.is_file():
+            return real
+    raise UserError(f"{where}: template: {template!r} not found (looked in {', '.join(str(r) for r in roots)})")
