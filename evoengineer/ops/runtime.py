@@ -39,7 +39,6 @@ except ImportError:
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float8_e4m3": torch.float8_e4m3fn}
 _NAMESPACE = "evoengineer"
-_OPS: dict[str, "KernelOp"] = {}  # one registration per kernel hash and process
 
 
 def sdpa_reference_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -82,6 +81,18 @@ def arch_list(arch: str | None) -> str | None:
         return None
     digits = arch.removeprefix("sm_")
     return f"{digits[:-1]}.{digits[-1]}" if digits[-1].isdigit() else f"{digits[:-2]}.{digits[-2:]}"
+
+
+def _registered_ops() -> dict[str, tuple[Any, Any]]:
+    """Custom ops registered in this process, by kernel hash, shared by every copy of this runtime (the op objects
+    must stay alive: torch drops an op's kernels when its definition is garbage-collected)."""
+    _loaded()  # makes the shared registry module
+    import sys
+
+    reg = sys.modules["_evoengineer_ops_loaded"]
+    if not hasattr(reg, "ops"):
+        reg.ops = {}  # type: ignore[attr-defined]
+    return reg.ops  # type: ignore[attr-defined]
 
 
 def _loaded() -> dict[str, Any]:
@@ -160,21 +171,18 @@ class KernelOp:
         self.module = build_module(self.folder, self.kernel, Path(build_root) if build_root else None)
         self.device_type = "cuda" if self.build["backend"] == "cuda" else "cpu"
         key = self.kernel["hash"][:16]
-        if key in _OPS:  # the same kernel loaded again in this process: share its registered ops
-            self.op, self.backward_op = _OPS[key].op, _OPS[key].backward_op
+        ops = _registered_ops()
+        if key in ops:  # the same kernel loaded again in this process (by any copy of this runtime): share its ops
+            self.op, self.backward_op = ops[key]
         else:
             register = {"msda": self._register_msda, "sdpa": self._register_sdpa}.get(self.task)
             if register is None:
                 raise ValueError(f"kernel.json: task {self.task!r} has no exported op (msda, sdpa)")
-            name = f"{self.task}_{key}"
-            try:
-                register(name)
-            except RuntimeError as exc:  # registered by another copy of this runtime (an exported package and load)
-                if "already" not in str(exc):
-                    raise
-                ns = getattr(torch.ops, _NAMESPACE)
-                self.op, self.backward_op = getattr(ns, name), getattr(ns, f"{name}_backward")
-            _OPS[key] = self
+            # Registered once per process and never again: a second custom_op of the same name fails halfway, and
+            # the half-made definition, once garbage-collected, takes kernels of the first one with it (seen as
+            # intermittent crashes when an exported package and evoengineer.load held the same kernel).
+            register(f"{self.task}_{key}")
+            ops[key] = (self.op, self.backward_op)
         self.function: Callable[..., torch.Tensor] = {"msda": self.ms_deform_attn,
                                                       "sdpa": self.scaled_dot_product_attention}[self.task]
 
