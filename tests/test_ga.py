@@ -474,3 +474,121 @@ def test_immigrants_and_bypass_are_drawn_from_the_seeded_rng(toy: Path, tmp_path
     a = toy_run(toy, tmp_path / "a", seed=5, population=12, generations=6)
     b = toy_run(toy, tmp_path / "b", seed=5, population=12, generations=6)
     assert a.evaluator.calls == b.evaluator.calls and a.children == b.children
+
+
+# ---- stagnation: decided from earlier generations only, so an interrupted run resumes exactly ----------------------
+class Killed(Exception):
+    pass
+
+
+class KillingEvaluator(CheckingEvaluator):
+    """Dies (like a SIGKILL between two commits) once `after` evaluations are stored."""
+
+    def __init__(self, inner, space, after: int):
+        super().__init__(inner, space)
+        self.after = after
+
+    def evaluate(self, candidate):
+        if len(self.calls) >= self.after:
+            raise Killed
+        return super().evaluate(candidate)
+
+
+def run_until_killed_then_resume(space_file: Path, land: Path, work: Path, kill: int, params: GAParams,
+                                 **settings_kw) -> tuple[Store, int]:
+    space = load_space(space_file)
+    work.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{work / 'ga.db'}"
+    store = Store(url)
+    settings = SearchSettings(**settings_kw)
+    rid = store.create_run(space_name=space.name, space_path=str(space_file), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64, config=settings.to_dict(),
+                           seed=settings.seed, fingerprint={"cpu": "test"})
+    ev = KillingEvaluator(ReplayEvaluator(land, space), space, kill)
+    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings,
+                    out=work / "elite.json")
+    with pytest.raises(Killed):
+        GeneticSearch(runner, params).run(None)
+    store.close()
+    store = Store(url)  # a new process: everything comes back from the store
+    runner = Runner(space=space, evaluator=CheckingEvaluator(ReplayEvaluator(land, space), space), store=store,
+                    run=store.get_run(rid), settings=settings, out=work / "elite.json")
+    random.seed(12345)  # whatever the new process's RNG holds, the checkpoint's state replaces it
+    latest = store.latest_checkpoint(rid)  # none when killed in generation 0: the run starts again
+    GeneticSearch(runner, params).run(latest[1] if latest else None)
+    return store, rid
+
+
+@pytest.mark.parametrize("kill", [5, 14, 31, 47, 70, 99])
+def test_a_killed_run_resumes_exactly_through_stagnation(tmp_path: Path, kill: int):
+    """The deceptive landscape stalls the GA in its bowl: the neighbourhood of the best, the stagnation share and
+    the immigrants all come into play. Killed mid-generation and resumed from its newest checkpoint, the run
+    evaluates the same configurations in the same generations as the uninterrupted one."""
+    space_file, land, _ = deceptive_space(tmp_path / "s")
+    params = GAParams()
+    kw = dict(population=8, generations=40, elite=3, budget=120, seed=4)
+    ref = run_ga(space_file, land, tmp_path / "ref", params=params, **kw)
+    # the reference run did stagnate (else this test would not exercise the switch)
+    search = GeneticSearch(ref.runner, params)
+    last_gen = max(c.generation for c in ref.store.candidates(ref.run_id))
+    assert any(search._immigrant_share(g) > params.immigrants for g in range(1, last_gen + 1))
+    store, rid = run_until_killed_then_resume(space_file, land, tmp_path / "killed", kill, params, **kw)
+    got = sorted((c.generation, c.hash) for c in store.candidates(rid))
+    want = sorted((c.generation, c.hash) for c in ref.store.candidates(ref.run_id))
+    assert got == want
+    assert [e.hash for e in store.elites(rid)] == [e.hash for e in ref.store.elites(ref.run_id)]
+
+
+def test_stagnation_share_depends_only_on_earlier_generations(tmp_path: Path, monkeypatch):
+    """The immigrant share each generation used equals what a fresh search computes later from the store, where
+    the records of that generation and all later ones exist too: only earlier generations' records count."""
+    space_file, land, _ = deceptive_space(tmp_path / "s")
+    used: dict[int, float] = {}
+    original = GeneticSearch._immigrant_share
+
+    def spy(self, gen):
+        used[gen] = original(self, gen)
+        return used[gen]
+
+    monkeypatch.setattr(GeneticSearch, "_immigrant_share", spy)
+    r = run_ga(space_file, land, tmp_path / "w", population=8, elite=3, generations=40, budget=120, seed=4)
+    monkeypatch.setattr(GeneticSearch, "_immigrant_share", original)
+    p = GAParams()
+    # asked only in generations that found no unseen neighbour of the best; the run did stagnate
+    assert p.stagnation_immigrants in used.values() and len(used) < max(c.generation for c in
+                                                                         r.store.candidates(r.run_id))
+    space = load_space(space_file)
+    runner = Runner(space=space, evaluator=ReplayEvaluator(land, space), store=r.store,
+                    run=r.store.get_run(r.run_id), settings=r.runner.settings, out=tmp_path / "fresh.json")
+    fresh = GeneticSearch(runner, p)
+    assert {g: fresh._immigrant_share(g) for g in used} == used
+
+
+def test_the_unseen_neighbours_of_the_best_come_first(tmp_path: Path):
+    """Every generation begins with the unseen one-gene neighbours of the best configuration of the earlier
+    generations (as many as the bred slots hold), so the search never stalls next to an untried better neighbour."""
+    space_file, land, _ = deceptive_space(tmp_path / "s")
+    r = run_ga(space_file, land, tmp_path / "w", population=8, elite=3, generations=12, budget=100, seed=2)
+    space = load_space(space_file)
+    cands = r.store.candidates(r.run_id)
+    checked = 0
+    for gen in range(1, max(c.generation for c in cands) + 1):
+        before = [c for c in cands if c.generation < gen]
+        best = min((c for c in before if c.status == "ok"), key=lambda c: (c.time_us, c.hash))
+        b = space.params_to_genome(best.params)
+        seen = {tuple(space.params_to_genome(c.params)) for c in before}
+        nbrs = {g for g in space.valid_genomes() if sum(x != y for x, y in zip(g, b)) == 1 and g not in seen}
+        children = [g for k, g in r.children if k == gen]
+        n_first = min(len(nbrs), len(children) - round(len(children) * GAParams().immigrants))
+        assert set(children[:n_first]) <= nbrs, gen
+        checked += n_first
+    assert checked > 0
+
+
+def test_the_isolated_optimum_is_found_once_the_space_is_spent(tmp_path: Path):
+    """With the default switch to immigrants, a run given the whole space finds the deceptive optimum, and does
+    so before the last configurations (on this seed: well before; the bowl does not hold it)."""
+    space_file, land, optimum = deceptive_space(tmp_path / "s")
+    r = run_ga(space_file, land, tmp_path / "w", population=12, elite=3, generations=1000, budget=144, seed=0)
+    times = [c.time_us for c in r.store.candidates(r.run_id)]
+    assert len(times) == 144 and min(times) == optimum

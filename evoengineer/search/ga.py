@@ -45,10 +45,16 @@ class GAParams:
     # too, so every generation evaluates new configurations while unseen ones remain.
     prescreen_bypass: float = 0.0  # tuning stage 6 (experiments/strategies): any bypass cost on the recorded landscapes
     immigrants: float = 0.1  # one of the 9 children of a population of 12
-    # after `patience` generations without a better result, this share of each generation is immigrants instead:
-    # a basin that stopped paying is left for the rest of the space (isolated optima, needles)
-    stagnation_immigrants: float = 0.8
-    patience: int = 3
+    # local search first: the unseen valid neighbours (one gene changed) of the best configuration so far are bred
+    # slots of every generation from `local_patience` generations without a gain on (-1: off), until none is left
+    local_patience: int = 0
+    # then, once `patience` generations without a better result have evaluated `patience_share` of the valid space
+    # and the best has no unseen neighbour left, `stagnation_immigrants` of each generation are immigrants until the
+    # best improves again: a basin that stopped paying is left for the rest of the space (isolated optima, needles).
+    # Tuned on synthetic landscapes (experiments/strategies/README.md, issue 14).
+    stagnation_immigrants: float = 0.9
+    patience: int = 2
+    patience_share: float = 0.05
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
@@ -244,14 +250,17 @@ class GeneticSearch:
         return child
 
     def _offspring(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
-        """n children for generation `gen`: `immigrants` x n random unseen configurations; the rest bred, with
-        prescreen > 1 the best-scored of prescreen x as many bred (less a `prescreen_bypass` share drawn at random
-        from the others). Any child still repeating an earlier evaluation or a sibling is replaced by an immigrant."""
-        share = self.params.immigrants
-        if self._stagnant_generations(gen) >= self.params.patience:
-            share = max(share, self.params.stagnation_immigrants)
+        """n children for generation `gen`: first the unseen neighbours of the best (see `local_patience`), then
+        `immigrants` x n random unseen configurations (`stagnation_immigrants` x n once the run stagnates and no
+        neighbour is left); the rest bred, with prescreen > 1 the best-scored of prescreen x as many bred (less a
+        `prescreen_bypass` share drawn at random from the others). Any child still repeating an earlier evaluation or
+        a sibling is replaced by an immigrant. Every input is a record of an earlier generation or the RNG."""
+        stagnant = self._stagnant_generations(gen)
+        local = self._unseen_neighbours(gen) if 0 <= self.params.local_patience <= stagnant else []
+        share = self.params.immigrants if local else self._immigrant_share(gen)
         n_imm = int(round(n * share)) if n > 2 else 0
-        n_bred = n - n_imm
+        n_local = min(len(local), n - n_imm)
+        n_bred = n - n_imm - n_local
         model = self._model(gen) if self.params.prescreen > 1 else None
         if model is None:
             children = self._breed(pop, n_bred, gen)
@@ -262,7 +271,24 @@ class GeneticSearch:
             kept, rest = order[: n_bred - n_free], order[n_bred - n_free:]
             kept += random.sample(rest, min(n_free, len(rest)))
             children = [bred[k] for k in kept]
-        return self._fill_unseen(children, n_imm, gen)
+        return self._fill_unseen([_individual(g) for g in local[:n_local]] + children, n_imm, gen)
+
+    def _unseen_neighbours(self, gen: int) -> list[tuple[int, ...]]:
+        """The valid configurations one gene away from the best of the earlier generations that no earlier
+        generation evaluated, in a random (seeded) order."""
+        ok = [r for r in self.runner.records.values() if r.generation < gen and math.isfinite(r.time_us)]
+        if not ok:
+            return []
+        best = list(self._genome_of(min(ok, key=lambda r: (r.time_us, r.hash))))
+        out = []
+        for i, p in enumerate(self.space.parameters):
+            for v in range(len(p.values)):
+                if v != best[i]:
+                    g = tuple(best[:i] + [v] + best[i + 1:])
+                    if self.space.is_valid_genome(g) and not self.runner.seen_before(g, gen):
+                        out.append(g)
+        random.shuffle(out)
+        return out
 
     def _fill_unseen(self, children: list[Individual], n_imm: int, gen: int) -> list[Individual]:
         """`children` with repeats (of earlier generations or of siblings) replaced by random unseen valid
@@ -305,18 +331,33 @@ class GeneticSearch:
             out.append(_individual(g))
         return out
 
+    def _immigrant_share(self, gen: int) -> float:
+        """The share of generation `gen` that is random unseen configurations (from earlier generations only)."""
+        p = self.params
+        gens, evals = self._stagnation(gen)
+        if gens < p.patience or evals < p.patience_share * self.space.count_valid():
+            return p.immigrants
+        return max(p.immigrants, p.stagnation_immigrants)
+
     def _stagnant_generations(self, gen: int) -> int:
-        """Generations before `gen` since the best result last improved (from the records of earlier generations
-        only, so a resumed generation decides as the uninterrupted one did)."""
+        return self._stagnation(gen)[0]
+
+    def _stagnation(self, gen: int) -> tuple[int, int]:
+        """Generations before `gen` since the best result last improved, and the evaluations they made (from the
+        records of earlier generations only, so a resumed generation decides as the uninterrupted one did)."""
         best_of: dict[int, float] = {}
+        count: dict[int, int] = {}
         for r in self.runner.records.values():
             if r.generation < gen:
                 best_of[r.generation] = min(best_of.get(r.generation, math.inf), r.time_us)
+                count[r.generation] = count.get(r.generation, 0) + 1
+        if not best_of:
+            return 0, 0
         best, last_gain = math.inf, 0
         for g in sorted(best_of):
             if best_of[g] < best:
                 best, last_gain = best_of[g], g
-        return (gen - 1) - last_gain if best_of else 0
+        return (gen - 1) - last_gain, sum(n for g, n in count.items() if g > last_gain)
 
     def _model(self, gen: int) -> GeneValueModel | None:
         """The gene-value model of what earlier generations measured (never the current one's partial results, so

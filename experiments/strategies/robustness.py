@@ -18,8 +18,13 @@ strategy and budget (share of the valid space): how many seeds found the optimum
 
     python experiments/strategies/robustness.py [--spaces sdpa_fp16_d64] [--families all] [--seeds 20]
         [--seed-base 0] [--strategies ga,random,optuna-tpe] [--jobs 2] [--work DIR] [--out DIR] [--tag TAG]
+        [--cap 1.0] [--reuse] [--ga immigrants=0.1,...]
 
-Tune with one --seed-base (e.g. 1000) and report with another (0).
+Tune with one --seed-base (e.g. 1000) and report with another (0). Runs of the strategies other than the GA do not
+depend on the GA: with --reuse, their results from an earlier invocation (kept under WORK/cache/, keyed by space,
+family, seed, strategy and population; a run with a larger --cap serves a smaller one) are read back instead of
+replayed. The target check compares, per family, space and budget, the GA's seeds that found the optimum with the
+better of random and TPE: met when the GA is at most 2 seeds behind.
 """
 
 from __future__ import annotations
@@ -106,13 +111,30 @@ def write_landscape(space, rows, path: Path) -> None:
             w.writerow([*cells, status, "" if t is None else round(t, 6)])
 
 
-def summarize(results: list[dict]) -> list[dict]:
+def target_checks(rows: list[dict], budgets) -> list[str]:
+    """'family / space: ga a / b / c vs best of random, TPE x / y / z: met' (or MISSED at the budgets it misses)."""
+    by = {(r["family"], r["space"], r["strategy"]): r for r in rows}
+    out = []
+    for fam, sp in sorted({(r["family"], r["space"]) for r in rows}):
+        ga = by.get((fam, sp, "ga"))
+        others = [by[k] for k in ((fam, sp, "random"), (fam, sp, "optuna-tpe")) if k in by]
+        if ga is None or not others:
+            continue
+        keys = [f"found@{round(b * 100)}%" for b in budgets]
+        ref = [max(o[k] for o in others) for k in keys]
+        miss = [f"{round(b * 100)}%" for b, k, x in zip(budgets, keys, ref) if ga[k] < x - 2]
+        out.append(f"{fam} / {sp}: ga {' / '.join(str(ga[k]) for k in keys)} vs {' / '.join(map(str, ref))}: "
+                   + (f"MISSED at {', '.join(miss)}" if miss else "met"))
+    return out
+
+
+def summarize(results: list[dict], cap: float = 1.0) -> list[dict]:
     rows = []
     keys = sorted({(r["family"], r["space"], r["strategy"]) for r in results})
     for fam, sp, strat in keys:
         runs = [r for r in results if (r["family"], r["space"], r["strategy"]) == (fam, sp, strat)]
         row = {"family": fam, "space": sp, "strategy": strat, "seeds": len(runs)}
-        for b in BUDGETS:
+        for b in (b for b in BUDGETS if b <= cap + 1e-9):
             found, gaps = 0, []
             for r in runs:
                 k = math.ceil(b * r["n_valid"])
@@ -139,6 +161,9 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/evo-robustness")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--cap", type=float, default=1.0, help="most evaluations per run, as a share of the space "
+                    "(budgets above it are not reported)")
+    ap.add_argument("--reuse", action="store_true", help="read back cached runs of the strategies other than ga")
     a = ap.parse_args()
     from benchmark import parse_ga
 
@@ -156,31 +181,65 @@ def main() -> None:
                 for strat in a.strategies.split(","):
                     jobs.append({"landscape": f"{sp_name}__{fam}__{seed}", "paths": (str(space_file), str(land)),
                                  "strategy": strat, "seeds": [seed], "work": str(work), "tag": a.tag,
-                                 "ga": parse_ga(a.ga), "cap": 1.0, "population": a.population,
+                                 "ga": parse_ga(a.ga), "cap": a.cap, "population": a.population,
                                  "stop_within": 0.0, "min_evals": 0, "keep_times": True,
                                  "meta": {"family": fam, "space": sp_name}})
     t0 = time.monotonic()
+    cache = work / "cache"
+    cache.mkdir(exist_ok=True)
+
+    def cached(job) -> Path | None:
+        if job["strategy"] == "ga":
+            return None
+        return cache / f"{job['landscape']}__{job['strategy']}__p{job['population']}.json"
+
+    outs: list = [None] * len(jobs)
+    todo = []
+    for i, job in enumerate(jobs):
+        c = cached(job)
+        kept = json.loads(c.read_text()) if a.reuse and c is not None and c.exists() else None
+        if kept is not None and kept["cap"] >= job["cap"]:  # a longer run's prefix is the shorter run
+            outs[i] = [{**r, "times": r["times"][:max(1, math.ceil(job["cap"] * r["n_valid"]))]}
+                       for r in kept["runs"]]
+        else:
+            todo.append(i)
     with multiprocessing.get_context("spawn").Pool(a.jobs) as pool:
-        outs = pool.map(run_job, jobs)
+        for i, out in zip(todo, pool.map(run_job, [jobs[i] for i in todo])):
+            outs[i] = out
+            c = cached(jobs[i])
+            if c is not None:
+                c.write_text(json.dumps({"cap": jobs[i]["cap"], "runs": [
+                    {k: r[k] for k in ("seed", "n_valid", "optimum_us", "times")} for r in out]}))
     results = []
     for job, out in zip(jobs, outs):
         for r in out:
             results.append({**job["meta"], "strategy": job["strategy"], "seed": r["seed"], "n_valid": r["n_valid"],
                             "optimum_us": r["optimum_us"],
                             "times": [t if t is not None and math.isfinite(t) else math.inf for t in r["times"]]})
-    rows = summarize(results)
-    head = ["family", "space", "strategy", "seeds"] + [f"found@{round(b * 100)}%" for b in BUDGETS] + \
-        [f"gap@{round(b * 100)}%" for b in BUDGETS]
+    rows = summarize(results, a.cap)
+    budgets = [b for b in BUDGETS if b <= a.cap + 1e-9]
+    head = ["family", "space", "strategy", "seeds"] + [f"found@{round(b * 100)}%" for b in budgets] + \
+        [f"gap@{round(b * 100)}%" for b in budgets]
     lines = [f"Command: `python experiments/strategies/robustness.py {' '.join(sys.argv[1:])}`  ({len(jobs)} runs, "
-             f"{time.monotonic() - t0:.0f} s)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"{len(todo)} replayed, {time.monotonic() - t0:.0f} s)", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[h]) if not h.startswith("gap") else f"{r[h]:.3f}" for h in head]
         lines.append("| " + " | ".join(cells) + " |")
+    checks = target_checks(rows, budgets)
+    if checks:
+        lines += ["", "Target (GA found >= the better of random and optuna-tpe - 2 seeds), per family and space, "
+                      "at " + " / ".join(f"{round(b * 100)}%" for b in budgets) + ":", ""]
+        lines += [f"- {c}" for c in checks]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(a.out)
     (out / f"robustness{a.tag}.md").write_text(text)
-    (out / f"robustness{a.tag}.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    runs = [{k: r[k] for k in ("family", "space", "strategy", "seed", "n_valid")} |
+            {"evals_to_optimum": next((i + 1 for i, t in enumerate(r["times"]) if t <= r["optimum_us"] * (1 + 1e-9)),
+                                      None)} for r in results]
+    (out / f"robustness{a.tag}.json").write_text(json.dumps({"command": sys.argv[1:], "rows": rows,
+                                                            "targets": checks, "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
