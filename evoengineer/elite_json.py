@@ -11,6 +11,7 @@ from typing import Any
 
 from evoengineer.errors import UserError
 from evoengineer.fileio import atomic_open, umask
+from evoengineer.liveness import holder_alive
 from evoengineer.candidate import sha256_text
 
 SCHEMA = "evoengineer/elite-v1"
@@ -154,7 +155,7 @@ class OutClaim:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~umask())
             except FileExistsError:
                 holder = self._holder()
-                if holder is not None and _claim_alive(holder) and holder.get("pid") != os.getpid():
+                if holder and holder_alive(holder.get("host"), holder.get("pid"), self._last_touched()):
                     raise UserError(f"--out {self.path}: being written by run {holder.get('run')} (pid "
                                     f"{holder.get('pid')} on {holder.get('host')}, store {holder.get('store')}); "
                                     "choose another --out or stop that run")
@@ -169,8 +170,14 @@ class OutClaim:
             return
         raise UserError(f"--out {self.path}: could not claim it (other runs keep claiming it)")
 
+    def _last_touched(self) -> float:
+        try:
+            return self.lock.stat().st_mtime
+        except OSError:
+            return 0.0
+
     def touch(self) -> None:
-        """A sign of life for claims read from another host."""
+        """A sign of life (the lock's mtime) for claims read from another host."""
         with contextlib.suppress(OSError):
             os.utime(self.lock)
 
@@ -188,19 +195,6 @@ class OutClaim:
             return None
         except (OSError, ValueError):
             return {}  # unreadable: a writer killed mid-write; treated as dead
-
-
-def _claim_alive(holder: dict[str, Any], stale_after_s: float = 120.0) -> bool:
-    pid = holder.get("pid")
-    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return False if not holder else True
 
 
 def check_writable(path: str | Path, space_name: str, *, force: bool = False) -> None:

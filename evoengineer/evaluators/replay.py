@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
-from evoengineer.evaluators.retiming import Retiming
+from evoengineer.evaluators.retiming import Retiming, round_robin
 from evoengineer.space.spec import SearchSpace, canonical_text
 
 Key = tuple[str, ...]
@@ -157,9 +157,7 @@ class ReplayEvaluator(Evaluator):
                 samples[c.hash] = [[m.time_us] for _ in range(rounds)]
             else:
                 dropped[c.hash] = (m.status, m.reason)
-        hashes = list(samples)
-        order = [h for r in range(rounds) for h in hashes[r % len(hashes):] + hashes[:r % len(hashes)]] \
-            if hashes else []
+        order = [h for turn in round_robin(list(samples), rounds) for h in turn]
         return Retiming(samples=samples, dropped=dropped, order=order,
                         notes={"rounds": rounds, "repeats": 1, "replay": "the landscape's recorded time"})
 

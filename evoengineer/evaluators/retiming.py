@@ -40,6 +40,13 @@ class Retiming:
         return cv(self.baseline_p50_us)
 
 
+def round_robin(items: list[str], rounds: int) -> list[list[str]]:
+    """The order of each round: every item once, the start rotated by one per round (so no finalist always runs
+    first or right after the baseline)."""
+    n = len(items)
+    return [items[r % n:] + items[:r % n] for r in range(rounds)] if n else [[] for _ in range(rounds)]
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 

@@ -368,9 +368,9 @@ class Session:
         samples: dict[str, list[list[float]]] = {h: [] for h in loaded}
         baseline: list[float] = []
         order: list[str] = []
-        hashes = list(loaded)
-        for r in range(rounds):
-            turn = hashes[r % len(hashes):] + hashes[:r % len(hashes)] if hashes else []
+        from evoengineer.evaluators.retiming import median, round_robin
+
+        for turn in round_robin(list(loaded), rounds):
             for h in turn:
                 module = loaded[h]
                 per_round = []
@@ -381,7 +381,7 @@ class Session:
                 samples[h].append([sum(x) for x in zip(*per_round)])
                 order.append(h)
             if base_fn is not None:
-                baseline.append(float(self._percentile50(self._time_n(base_fn[1], warmup, repeats))))
+                baseline.append(median(self._time_n(base_fn[1], warmup, repeats)))
                 order.append(f"baseline:{base_fn[0]}")
         self._restore_inputs()
         for s in sets.values():
@@ -397,12 +397,6 @@ class Session:
 
         return time_samples(fn, device=self.task.device, warmup=warmup, repeats=repeats,
                             flush_l2=bool(self.settings["l2_flush"]))
-
-    @staticmethod
-    def _percentile50(xs: list[float]) -> float:
-        ys = sorted(xs)
-        n = len(ys)
-        return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -32,9 +31,9 @@ import torch.nn.functional as F
 from .msda_reference import msda_reference, msda_reference_backward
 
 try:  # an exported package carries its own copy of the flag whitelist
-    from .flags import flag_problem
+    from .flags import ARCH, flag_problem
 except ImportError:
-    from evoengineer.space.flags import flag_problem
+    from evoengineer.space.flags import ARCH, flag_problem
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float8_e4m3": torch.float8_e4m3fn}
@@ -121,7 +120,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
             why = flag_problem(flag)
             if why is not None:
                 raise ValueError(f"kernel {kernel['hash'][:12]}: build.{key}[{i}]: flag {flag!r} refused: {why}")
-    if build.get("arch") is not None and not re.fullmatch(r"sm_[0-9]{2,3}[a-z]?", str(build["arch"])):
+    if build.get("arch") is not None and not ARCH.fullmatch(str(build["arch"])):
         raise ValueError(f"kernel {kernel['hash'][:12]}: build.arch {build['arch']!r} refused: expected sm_NN[a]")
     name = kernel["module"]
     if name in _loaded():

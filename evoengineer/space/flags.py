@@ -14,6 +14,8 @@ import re
 #: The only characters a flag may contain: no whitespace, quotes, backslash, ; | & ` $ ( ) < > * ? [ ] { } ~ # ! @ ^.
 SAFE_CHARS = "A-Za-z0-9_.,=+:/-"
 _SAFE = re.compile(f"[{SAFE_CHARS}]+")
+#: a CUDA target (sm_90, sm_90a): it reaches nvcc and TORCH_CUDA_ARCH_LIST
+ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _WORD = r"[A-Za-z0-9][A-Za-z0-9_.+=-]*"  # an option word: -f<WORD>, -m<WORD>, -W<WORD>
 _PATH = rf"[{SAFE_CHARS}]+"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import keyword
 import math
 import random
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ else:  # pragma: no cover
 from evoengineer import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.expr import Expression, ExprError
-from evoengineer.space.flags import check_flags
+from evoengineer.space.flags import ARCH, check_flags
 
 Value = Any  # int | float | bool | str
 Genome = list[int]
@@ -31,7 +30,6 @@ SEARCH_KEYS = ("population", "generations", "elite", "budget", "seed")
 TOP_KEYS = ("name", "description", "template", "task", "backend", "arch", "signature", "parameters",
             "constraints", "gates", "shapes", "build", "search", "evaluation")
 ENUMERATION_LIMIT = 5_000_000
-ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")  # a CUDA target: it reaches nvcc and TORCH_CUDA_ARCH_LIST
 
 
 @dataclass(frozen=True)

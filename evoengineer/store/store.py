@@ -19,15 +19,15 @@ from typing import Any, Iterable
 from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
+from evoengineer.liveness import STALE_AFTER_S, holder_alive
 from evoengineer.store.models import Base, CandidateRow, Checkpoint, Elite, Lease, Run, SchemaInfo, utcnow
 
 SCHEMA_VERSION = "1"
 DEFAULT_URL = "sqlite:///elite_store/evoengineer.db"
 UNFINISHED = ("running", "interrupted")
-#: a lease whose holder (on another host) gave no sign of life for this long is taken over
-LEASE_STALE_S = float(os.environ.get("EVOENGINEER_LEASE_STALE_S", "60"))
+LEASE_STALE_S = STALE_AFTER_S
 
 
 class StoreError(Exception):
@@ -216,7 +216,7 @@ class Store:
                     return token
                 except IntegrityError:  # someone took it between our look and our insert: look again
                     continue
-            if _holder_alive(row, now, stale_after_s):
+            if holder_alive(row.host, row.pid, row.heartbeat, stale_after_s):
                 ago = max(0.0, now - row.heartbeat)
                 raise StoreError(f"run {run_id} is being driven by pid {row.pid} on {row.host} (last heartbeat "
                                  f"{ago:.0f} s ago): wait for it to end or stop it first")
@@ -380,21 +380,6 @@ class Store:
             c = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id)
                           .order_by(Checkpoint.generation.desc()).limit(1)).first()
             return (c.generation, dict(c.state)) if c else None
-
-
-def _holder_alive(row: Any, now: float, stale_after_s: float) -> bool:
-    """A lease holder is alive if it is a live process on this host, or (elsewhere) sent a heartbeat lately."""
-    if row.host == socket.gethostname():
-        if row.pid == os.getpid():
-            return False  # this process's own leftover (e.g. an earlier run in the same interpreter)
-        try:
-            os.kill(row.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return now - row.heartbeat < stale_after_s
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evoengineer.tasks.base import Task
-from evoengineer.tasks.sdpa import FP8_MAX, attention_signature, attention_signature_text
+from evoengineer.tasks.sdpa import FP8_MAX, AttentionTask, fp8_against_fp16
 
 __all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", "min_bytes"]
 
@@ -181,23 +180,12 @@ def min_bytes(shape: DecodeShape, head_dim: int, q_itemsize: int, kv_itemsize: i
     return kv + 2 * shape.B * shape.Hq * shape.Sq * head_dim * q_itemsize
 
 
-class DecodeTask(Task):
+class DecodeTask(AttentionTask):
     """Decode attention. Signature constants: HEAD_DIM, Q_DTYPE, KV_DTYPE; B, Hq, Hkv, Sq, Sk, seq_lens runtime."""
 
     name = "decode"
     entry = "evo_decode_forward"
     binding = "bindings/decode_binding.cpp"
-
-    def __init__(self, space):
-        self.head_dim, self.q_dtype, self.kv_dtype = attention_signature(space, "decode", fp8_needs_fp16_q=False)
-        self.fp8 = self.kv_dtype == torch.float8_e4m3fn
-        self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
-        super().__init__(space)
-
-    signature_text = staticmethod(attention_signature_text)
-
-    def binding_signature(self):
-        return self.signature_text(self.space.signature)
 
     def parse_shape(self, d):
         shape = DecodeShape.from_dict(d)
@@ -212,17 +200,11 @@ class DecodeTask(Task):
     def reference(self, inputs):
         return reference(inputs, dtype=torch.float64)
 
-    def new_output(self, inputs):
-        return torch.full_like(inputs["q"], float("nan"))
-
     def launch(self, module, inputs, out):
         rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
                             inputs["seq_lens"], out, self.softmax_scale)
         if rc != 0:
             raise RuntimeError(f"kernel returned status {rc}")
-
-    def output_dtype(self):
-        return self.q_dtype
 
     def extra_check(self, shape, inputs, out, ref):
         got = out.to(torch.float64)
@@ -232,14 +214,7 @@ class DecodeTask(Task):
         fp16 = reference({**inputs, "k": inputs["k_orig"], "v": inputs["v_orig"],
                           "k_scale": torch.ones_like(inputs["k_scale"]),
                           "v_scale": torch.ones_like(inputs["v_scale"])}).to(got.device)
-        max_abs = float((got - fp16).abs().max())
-        floor = float((ref.to(got.device) - fp16).abs().max())  # the e4m3 rounding of these inputs alone
-        metrics.update(fp8_vs_fp16_max_abs_err=max_abs, fp8_quantization_max_abs_err=floor)
-        atol, _ = self.tolerance()
-        if not (max_abs <= shape.fp16_max_abs_err or max_abs <= floor + atol):
-            return False, (f"FP8 KV: max abs err {max_abs:.3e} against fp16 attention on the unquantized K/V > "
-                           f"{shape.fp16_max_abs_err:g} (quantization alone: {floor:.3e})"), metrics
-        return True, "", metrics
+        return fp8_against_fp16(got, ref, fp16, shape.fp16_max_abs_err, self.tolerance()[0], metrics)
 
     def baselines(self):
         return {"sdpa": sdpa_baseline}
@@ -248,6 +223,4 @@ class DecodeTask(Task):
         return flops(shape, self.head_dim)
 
     def min_bytes(self, shape):
-        q_size = torch.empty((), dtype=self.q_dtype).element_size()
-        kv_size = torch.empty((), dtype=self.kv_dtype).element_size()
-        return min_bytes(shape, self.head_dim, q_size, kv_size)
+        return min_bytes(shape, self.head_dim, *self.itemsizes())

@@ -172,6 +172,23 @@ def sdpa_fp16_original(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return F.scaled_dot_product_attention(inputs["q"], k, v, is_causal=bool(inputs["causal"]))
 
 
+def fp8_against_fp16(got: torch.Tensor, ref: torch.Tensor, fp16: torch.Tensor, bound: float, atol: float,
+                     metrics: dict[str, float]) -> tuple[bool, str, dict[str, float]]:
+    """An FP8-KV output (`got`, float64) against fp16 attention on the unquantized K/V: within `bound` max abs error,
+    unless the e4m3 rounding of these inputs alone (exact attention on the dequantized K/V, `ref`) already breaks
+    it; then the kernel may add no more than the dtype tolerance to that (max abs p99 of exact e4m3 attention is
+    ~0.07 at the mission shape). Adds the errors to `metrics`."""
+    err = got - fp16
+    max_abs = float(err.abs().max())
+    floor = float((ref.to(got.device) - fp16).abs().max())
+    metrics.update(fp8_vs_fp16_max_abs_err=max_abs, fp8_vs_fp16_rmse=float(err.pow(2).mean().sqrt()),
+                   fp8_quantization_max_abs_err=floor)
+    if not (max_abs <= bound or max_abs <= floor + atol):
+        return False, (f"FP8 KV: max abs err {max_abs:.3e} against fp16 attention on the unquantized K/V > {bound:g} "
+                       f"(quantization alone: {floor:.3e})"), metrics
+    return True, "", metrics
+
+
 def causal_pairs(Sq: int, Sk: int) -> int:
     """(query, key) pairs a top-left aligned causal mask leaves: sum over i < Sq of min(i + 1, Sk)."""
     n = min(Sq, Sk)
@@ -191,46 +208,57 @@ def min_bytes(shape: SDPAShape, head_dim: int, q_itemsize: int, kv_itemsize: int
 
 
 # ---- the task, as the evaluator sees it ----------------------------------------------------------------------------
-def attention_signature(space, task: str, *, fp8_needs_fp16_q: bool) -> tuple[int, torch.dtype, torch.dtype]:
-    """HEAD_DIM, Q and KV dtypes of an attention space's signature (shared by the sdpa and decode tasks); UserError
-    naming the key otherwise."""
-    sig = space.signature
-    where = f"{space.path or space.name}: signature"
-    if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
-        raise UserError(f"{where}.HEAD_DIM: the {task} task needs HEAD_DIM in {list(HEAD_DIMS)}")
-    q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
-    if q_name not in Q_DTYPES:
-        raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
-    fp8_ok = q_name == "float16" or not fp8_needs_fp16_q
-    if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and not fp8_ok):
-        with_q = " (with Q_DTYPE 'float16')" if fp8_needs_fp16_q else ""
-        raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3'{with_q}")
-    return sig["HEAD_DIM"], Q_DTYPES[q_name], KV_DTYPES[kv_name]
+class AttentionTask(Task):
+    """What the attention tasks (sdpa, decode) share: signature constants HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE
+    (Q_DTYPE or float8_e4m3; `fp8_needs_fp16_q`), the binding's signature text, a NaN-filled output like q."""
+
+    fp8_needs_fp16_q = False
+
+    def __init__(self, space):
+        sig = space.signature
+        where = f"{space.path or space.name}: signature"
+        if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
+            raise UserError(f"{where}.HEAD_DIM: the {self.name} task needs HEAD_DIM in {list(HEAD_DIMS)}")
+        q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
+        if q_name not in Q_DTYPES:
+            raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
+        fp8_ok = q_name == "float16" or not self.fp8_needs_fp16_q
+        if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and not fp8_ok):
+            with_q = " (with Q_DTYPE 'float16')" if self.fp8_needs_fp16_q else ""
+            raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3'{with_q}")
+        self.head_dim, self.q_dtype, self.kv_dtype = sig["HEAD_DIM"], Q_DTYPES[q_name], KV_DTYPES[kv_name]
+        self.fp8 = self.kv_dtype == torch.float8_e4m3fn
+        self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
+        super().__init__(space)
+
+    @staticmethod
+    def signature_text(sig) -> str:
+        """What an attention binding checks, from a signature table (the space's, or one recorded in elite.json)."""
+        q = sig.get("Q_DTYPE", "float16")
+        return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+
+    def binding_signature(self):
+        return self.signature_text(self.space.signature)
+
+    def new_output(self, inputs):
+        return torch.full_like(inputs["q"], float("nan"))
+
+    def output_dtype(self):
+        return self.q_dtype
+
+    def itemsizes(self) -> tuple[int, int]:
+        """Bytes per element of q and of k/v."""
+        return (torch.empty((), dtype=self.q_dtype).element_size(),
+                torch.empty((), dtype=self.kv_dtype).element_size())
 
 
-def attention_signature_text(sig) -> str:
-    """What an attention binding checks, from a signature table (the space's, or one recorded in elite.json)."""
-    q = sig.get("Q_DTYPE", "float16")
-    return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
-
-
-class SDPATask(Task):
+class SDPATask(AttentionTask):
     """SDPA forward. Signature constants: HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE; B, H, Sq, Sk, causal are runtime."""
 
     name = "sdpa"
     entry = "evo_sdpa_forward"
     binding = "bindings/sdpa_binding.cpp"
-
-    def __init__(self, space):
-        self.head_dim, self.q_dtype, self.kv_dtype = attention_signature(space, "sdpa", fp8_needs_fp16_q=True)
-        self.fp8 = self.kv_dtype == torch.float8_e4m3fn
-        self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
-        super().__init__(space)
-
-    signature_text = staticmethod(attention_signature_text)
-
-    def binding_signature(self):
-        return self.signature_text(self.space.signature)
+    fp8_needs_fp16_q = True
 
     def parse_shape(self, d):
         shape = SDPAShape.from_dict(d)
@@ -246,17 +274,11 @@ class SDPATask(Task):
     def reference(self, inputs):
         return reference(inputs, dtype=torch.float64)
 
-    def new_output(self, inputs):
-        return torch.full_like(inputs["q"], float("nan"))
-
     def launch(self, module, inputs, out):
         rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"], out,
                             bool(inputs["causal"]), self.softmax_scale)
         if rc != 0:
             raise RuntimeError(f"kernel returned status {rc}")
-
-    def output_dtype(self):
-        return self.q_dtype
 
     def extra_check(self, shape, inputs, out, ref):
         """RMSE against the reference; FP8 KV on shapes with ``fp16_max_abs_err``: max abs error and RMSE against
@@ -266,19 +288,7 @@ class SDPATask(Task):
         if not self.fp8 or shape.fp16_max_abs_err is None:
             return True, "", metrics
         fp16 = sdpa_fp16_original(inputs).to(torch.float64)
-        err = got - fp16
-        max_abs = float(err.abs().max())
-        # what e4m3 rounding of these inputs costs by itself (exact attention on the dequantized K/V)
-        floor = float((ref.to(got.device) - fp16).abs().max())
-        metrics.update(fp8_vs_fp16_max_abs_err=max_abs, fp8_vs_fp16_rmse=float(err.pow(2).mean().sqrt()),
-                       fp8_quantization_max_abs_err=floor)
-        atol, _ = self.tolerance()
-        # the bound holds unless these inputs' own quantization error already breaks it; then the kernel may add
-        # no more than the dtype tolerance to it (max abs p99 of exact e4m3 attention is ~0.07 at the mission shape)
-        if not (max_abs <= shape.fp16_max_abs_err or max_abs <= floor + atol):
-            return False, (f"FP8 KV: max abs err {max_abs:.3e} against fp16 SDPA on the unquantized K/V > "
-                           f"{shape.fp16_max_abs_err:g} (quantization alone: {floor:.3e})"), metrics
-        return True, "", metrics
+        return fp8_against_fp16(got, ref, fp16, shape.fp16_max_abs_err, self.tolerance()[0], metrics)
 
     def baselines(self):
         # FP8 KV: what the kernel replaces is fp16 attention on the original K/V
@@ -288,6 +298,4 @@ class SDPATask(Task):
         return flops(shape, self.head_dim)
 
     def min_bytes(self, shape):
-        q_size = torch.empty((), dtype=self.q_dtype).element_size()
-        kv_size = torch.empty((), dtype=self.kv_dtype).element_size()
-        return min_bytes(shape, self.head_dim, q_size, kv_size)
+        return min_bytes(shape, self.head_dim, *self.itemsizes())

@@ -53,6 +53,21 @@ inline std::string evo_dtype_name(at::ScalarType t) {
   }
 }
 
+// A tensor argument of an attention binding: its rank, contiguity and device (the first input's), else a
+// ValueError naming it and what it is.
+inline void evo_expect_tensor(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
+                    ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
+}
+
+// A tensor of the dtype the kernel was compiled for, else a TypeError naming it, both dtypes and the signature.
+inline void evo_expect_dtype(const torch::Tensor& t, const char* name, at::ScalarType want, const std::string& sig) {
+  TORCH_CHECK_TYPE(t.scalar_type() == want, name, ": dtype ", evo_dtype_name(t.scalar_type()),
+                   ", but this kernel was compiled for ", evo_dtype_name(want), " (", sig, ")");
+}
+
 inline at::ScalarType evo_signature_dtype(const EvoSignature& sig, const char* key, const char* fallback) {
   auto it = sig.find(key);
   return evo_dtype_named(it == sig.end() ? std::string(fallback) : it->second);

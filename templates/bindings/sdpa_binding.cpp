@@ -30,13 +30,6 @@ struct SdpaSignature {
   std::string text;
 };
 
-void expect(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
-  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
-                    ")");
-  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
-  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
-}
-
 int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, torch::Tensor& out, bool causal,
             double softmax_scale) {
@@ -46,20 +39,17 @@ int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tenso
 #else
   TORCH_CHECK_VALUE(device.is_cpu(), "q: on ", device, ", this CPU kernel needs CPU tensors");
 #endif
-  expect(q, "q", 4, device);
-  expect(k, "k", 4, device);
-  expect(v, "v", 4, device);
-  expect(out, "out", 4, device);
-  expect(k_scale, "k_scale", 1, device);
-  expect(v_scale, "v_scale", 1, device);
-  TORCH_CHECK_TYPE(q.scalar_type() == sig.q_dtype, "q: dtype ", evo_dtype_name(q.scalar_type()),
-                   ", but this kernel was compiled for ", evo_dtype_name(sig.q_dtype), " (", sig.text, ")");
+  evo_expect_tensor(q, "q", 4, device);
+  evo_expect_tensor(k, "k", 4, device);
+  evo_expect_tensor(v, "v", 4, device);
+  evo_expect_tensor(out, "out", 4, device);
+  evo_expect_tensor(k_scale, "k_scale", 1, device);
+  evo_expect_tensor(v_scale, "v_scale", 1, device);
+  evo_expect_dtype(q, "q", sig.q_dtype, sig.text);
   TORCH_CHECK_TYPE(out.scalar_type() == sig.q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()),
                    " must match q (", evo_dtype_name(sig.q_dtype), ")");
-  TORCH_CHECK_TYPE(k.scalar_type() == sig.kv_dtype, "k: dtype ", evo_dtype_name(k.scalar_type()),
-                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
-  TORCH_CHECK_TYPE(v.scalar_type() == sig.kv_dtype, "v: dtype ", evo_dtype_name(v.scalar_type()),
-                   ", but this kernel was compiled for ", evo_dtype_name(sig.kv_dtype), " (", sig.text, ")");
+  evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
+  evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);
   TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
                    "k_scale, v_scale: must be float32, got ", evo_dtype_name(k_scale.scalar_type()), " and ",
                    evo_dtype_name(v_scale.scalar_type()));
