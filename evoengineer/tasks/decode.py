@@ -113,8 +113,8 @@ def make_inputs(shape: DecodeShape, seed: int, *, head_dim: int, q_dtype: torch.
     B, Hq, Hkv, Sq, Sk, D = shape.B, shape.Hq, shape.Hkv, shape.Sq, shape.Sk, head_dim
     fp8 = kv_dtype == torch.float8_e4m3fn
     q = torch.randn(B, Hq, Sq, D, generator=g).to(q_dtype)
-    k = torch.randn(B, Hkv, Sk, D, generator=g).to(torch.float16 if fp8 else kv_dtype)
-    v = torch.randn(B, Hkv, Sk, D, generator=g).to(torch.float16 if fp8 else kv_dtype)
+    k = torch.randn(B, Hkv, Sk, D, generator=g).to(q_dtype if fp8 else kv_dtype)  # FP8: the cache it quantizes
+    v = torch.randn(B, Hkv, Sk, D, generator=g).to(q_dtype if fp8 else kv_dtype)
     lens = torch.tensor(shape.lengths, dtype=torch.int32)
     past = torch.arange(Sk)[None, :] >= lens[:, None].long()  # [B, Sk]: cache rows no sequence holds
     out = {"q": q}

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -47,6 +45,7 @@ from evoengineer.evaluators.timing import time_callable  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.tasks.base import get_task  # noqa: E402
 from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original  # noqa: E402
+from experiments.gpu_timing import first_line, graph_us, wall_us  # noqa: E402
 
 #: (B, H, S, D): the mission shape, its ragged twin, then two larger ones.
 SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 4096, 64)]
@@ -78,49 +77,6 @@ def build(space, params_list: list[dict], cache: Path) -> tuple[object, list]:
         if r.status != "ok":
             raise SystemExit(f"elite {p} failed to build: {r.status}: {r.reason}")
     return task, [load_module(r.so, r.module) for r in results]
-
-
-def graph_us(fn, calls: int, repeats: int) -> float:
-    """Per-call microseconds: a CUDA graph of `calls` back-to-back calls of fn, median over `repeats` replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture (lazy initialisations, workspaces)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        g.replay()
-        e.record()
-    torch.cuda.synchronize()
-    per_call = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / calls
-    del g
-    return per_call
-
-
-def first_line(x) -> str:
-    text = str(x).strip()
-    return text.splitlines()[0][:160] if text else type(x).__name__
-
-
-def wall_us(fn, n: int = 200) -> float:
-    """Per-call wall time of n back-to-back calls from Python (includes launch overhead), after one warm call."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def default_choice(q, k, v, causal: bool) -> str:

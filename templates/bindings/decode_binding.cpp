@@ -19,9 +19,14 @@ namespace {
 
 // Entry point every decode template exports as extern "C" evo_decode_forward. q/out [B, Hq, Sq, D] in Q_DTYPE, k/v
 // [B, Hkv, Sk, D] in KV_DTYPE, k_scale/v_scale float32 [Hkv], seq_lens int32 [B] (1 <= seq_lens[b] <= Sk).
+// Workspace protocol (split-KV partials): called with workspace == nullptr, a kernel that needs scratch memory
+// launches nothing, writes the bytes it needs to *workspace_bytes and returns kNeedWorkspace; the binding allocates
+// them from torch's caching allocator (stream-ordered, CUDA-graph safe) and calls again.
 using DecodeForwardFn = int (*)(const void* q, const void* k, const void* v, const float* k_scale,
                                 const float* v_scale, const int32_t* seq_lens, void* out, int64_t B, int64_t Hq,
-                                int64_t Hkv, int64_t Sq, int64_t Sk, float softmax_scale, void* stream);
+                                int64_t Hkv, int64_t Sq, int64_t Sk, float softmax_scale, void* workspace,
+                                int64_t* workspace_bytes, void* stream);
+constexpr int kNeedWorkspace = 6;
 
 struct DecodeSignature {
   DecodeForwardFn fn;
@@ -81,9 +86,18 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
   int rc;
   {
     pybind11::gil_scoped_release nogil;
-    rc = sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
-                seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk, static_cast<float>(softmax_scale),
-                stream);
+    const auto call = [&](void* workspace, int64_t* bytes) {
+      return sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk,
+                    static_cast<float>(softmax_scale), workspace, bytes, stream);
+    };
+    int64_t bytes = 0;
+    rc = call(nullptr, &bytes);
+    if (rc == kNeedWorkspace && bytes > 0) {
+      // freed back to the caching allocator when this returns: reuse is ordered after the kernel on this stream
+      const torch::Tensor workspace = torch::empty({bytes}, q.options().dtype(torch::kUInt8));
+      rc = call(workspace.data_ptr(), &bytes);
+    }
   }
   return rc;
 }

@@ -1,0 +1,1 @@
+"""Reproducible studies (scripts, recorded results); not part of the installed package."""

@@ -1,0 +1,51 @@
+"""Kernel-only GPU timing shared by the experiments' benchmarks (run on a GPU host, same process as the baselines)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def graph_us(fn, calls: int, repeats: int) -> float:
+    """Per-call microseconds: a CUDA graph of `calls` back-to-back calls of fn, median over `repeats` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (lazy initialisations, workspaces)
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    per_call = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / calls
+    del g
+    return per_call
+
+
+def first_line(x) -> str:
+    text = str(x).strip()
+    return text.splitlines()[0][:160] if text else type(x).__name__
+
+
+def wall_us(fn, n: int = 200) -> float:
+    """Per-call wall time of n back-to-back calls from Python (includes launch overhead), after one warm call."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
