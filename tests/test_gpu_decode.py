@@ -1,7 +1,7 @@
 """GPU tests (skipped without CUDA) of the decode-attention family (templates/cuda/decode.cu.j2): sampled genomes of
 every decode space through the real pipeline (ragged lengths 1 / 7 / 1000 / Sk with NaN past them, G = 1 and 8,
-Sq = 1, 4 and 5, many splits), bf16 and bf16-with-FP8 signatures, the split workspace across calls and CUDA-graph
-replays, and inputs the kernel was not compiled for."""
+Sq = 1, 4 and 5, many splits), bf16 and bf16-with-FP8 signatures, and the split workspace across calls and CUDA-graph
+replays. The binding's refusals are tested without a GPU (tests/test_decode_binding.py)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,25 @@ from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
 SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
-CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "COPY_BYTES", "Q_IN_REGISTERS", "NUM_WARPS")
+CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS")
 
 
-def _picks(space, n: int = 4, seed: int = 1) -> list:
-    """First and last valid genomes, n random ones, and one per value of each choice gene."""
+def _picks(space, seed: int = 1) -> list:
+    """First and last valid genomes plus a few random ones that together cover every value of each choice gene
+    (greedy: each next pick, of 200 random draws, covers the most values not yet covered)."""
     valid = space.valid_genomes()
     rnd = random.Random(seed)
-    picks = {valid[0], valid[-1], *rnd.sample(valid, min(n, len(valid)))}
     params = {g: space.genome_to_params(g) for g in valid}
-    for gene in CHOICE_GENES:
-        if gene not in space.names:
-            continue
-        for value in sorted({p[gene] for p in params.values()}, key=str):
-            picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
-    return sorted(picks)
+    genes = [g for g in CHOICE_GENES if g in space.names]
+    todo = {(gene, value) for p in params.values() for gene in genes for value in [p[gene]]}
+    picks = [valid[0], valid[-1]]
+    todo -= {(gene, params[g][gene]) for g in picks for gene in genes}
+    while todo:
+        best = max(rnd.sample(valid, min(200, len(valid))),
+                   key=lambda g: len(todo & {(gene, params[g][gene]) for gene in genes}))
+        picks.append(best)
+        todo -= {(gene, params[best][gene]) for gene in genes}
+    return sorted(set(picks))
 
 
 def _evaluate(space, genomes_or_params, cache_dir: Path):
@@ -48,13 +52,15 @@ def _evaluate(space, genomes_or_params, cache_dir: Path):
 @pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
 def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     """Every sampled genome passes the checks on every shape (FP8: also against fp16 attention at the decode shape)
-    or is turned away by the static gate; most build."""
+    or is turned away by the static gate for spilling."""
     space = load_space(space_file)
     results = _evaluate(space, _picks(space), build_cache)
-    bad = [(c.params, m.status, m.reason) for c, m in results if m.status not in ("ok", "gate_failed")]
+    # the static gate may turn genomes away (register caps that spill), nothing else may go wrong
+    bad = [(c.params, m.status, m.reason) for c, m in results
+           if m.status != "ok" and not (m.status == "gate_failed" and "spill" in m.reason)]
     assert not bad, bad
     ok = [m for _, m in results if m.status == "ok"]
-    assert len(ok) >= len(results) * 3 // 4, [(c.params, m.status, m.reason) for c, m in results]
+    assert ok, [(c.params, m.status, m.reason) for c, m in results]
     for m in ok:
         assert m.metrics["rmse"] < 4e-3
         assert m.metrics["speedup_vs"]["sdpa"] > 0 and m.metrics["time_us"] > 0
@@ -73,7 +79,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, tmp_path: Path, build_cach
     (tmp_path / "bf16.toml").write_text(text)
     space = load_space(tmp_path / "bf16.toml")
     base = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 2,
-            "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True}
+            "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
     genomes = [base, {**base, "LOAD_PATH": "cp_async", "M_TILES": 1, "COMBINE": "separate"}]
     if kv_dtype == "float8_e4m3":
         genomes = [{**g, "DEQUANT": d} for g in genomes for d in ("registers", "shared")]
@@ -94,7 +100,8 @@ def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
     task = get_task(space)
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 4, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 1,
-              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": combine, "FAST_EXP": True, "DEQUANT": "registers"}
+              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": combine, "FAST_EXP": True, "DEQUANT": "registers",
+              "MIN_BLOCKS": 1}
     assert not space.violated(params)
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
                 cache_dir=build_cache)
@@ -107,41 +114,3 @@ def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097)), 21)
     small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129)), 22)
     assert_right_call_after_call(task, module, big, small)
-
-
-def test_refuses_inputs_it_was_not_compiled_for(build_cache: Path):
-    """Wrong head dim, dtypes, GQA grouping, shapes or devices: a ValueError / TypeError naming the argument."""
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
-    from evoengineer.tasks.decode import DecodeShape
-
-    space = load_space(SPACES_DIR / "decode_fp16_d128.toml")
-    task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache)
-    try:
-        r = b.submit(CandidateFactory(space).from_genome(space.valid_genomes()[0])).result()
-    finally:
-        b.close()
-    assert r.status == "ok", (r.status, r.reason)
-    module = load_module(r.so, r.module)
-    x = task.make_inputs(DecodeShape("x", B=2, Hq=8, Hkv=2, Sk=100), 1)
-    args = [x["q"], x["k"], x["v"], x["k_scale"], x["v_scale"], x["seq_lens"]]
-
-    def call(*a, out=None):
-        return module.forward(*a, task.new_output(x) if out is None else out, 0.1)
-
-    assert call(*args) == 0
-    with pytest.raises(ValueError, match="head dim 64"):
-        call(x["q"][..., :64].contiguous(), *args[1:], out=torch.empty_like(x["q"][..., :64]))
-    with pytest.raises(TypeError, match="k: dtype float32"):
-        call(args[0], x["k"].float(), *args[2:])
-    with pytest.raises(ValueError, match="KV heads"):
-        call(args[0], x["k"][:, :1].repeat(1, 3, 1, 1), x["v"][:, :1].repeat(1, 3, 1, 1), *args[3:])
-    with pytest.raises(TypeError, match="seq_lens: must be int32"):
-        call(*args[:5], x["seq_lens"].long())
-    with pytest.raises(ValueError, match="on cpu"):
-        call(args[0], x["k"].cpu(), *args[2:])
-    with pytest.raises(ValueError, match="contiguous"):
-        call(args[0], x["k"].transpose(2, 3), *args[2:])
