@@ -4,6 +4,7 @@ the binding's argument validation."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def _space(tmp_path: Path, sig: str = SIG, timed_extra: str = ""):
     assert SIG in text and timed in text
     text = text.replace(SIG, sig).replace(timed, "time = true" + timed_extra if timed_extra else timed)
     (tmp_path / "sdpa.cpp.j2").write_text((DATA / "sdpa.cpp.j2").read_text())
+    shutil.copy(DATA.parent / "cpu_attention_dtypes.inc.j2", tmp_path)
     (tmp_path / "space.toml").write_text(text)
     return load_space(tmp_path / "space.toml")
 

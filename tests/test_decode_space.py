@@ -1,0 +1,103 @@
+"""The decode spaces (search_spaces/decode_*.toml) and their template without a GPU: every space loads with the decode
+task, its shared-memory constraint admits exactly the genomes whose layout (as templates/cuda/decode.cu.j2 computes
+it) fits in 227 KB, rendered genomes carry their genes in the one traits struct, and the correctness shapes cover
+what the issue asks (ragged lengths 1 / 7 / 1000 / Sk, G = 1 and 8, Sq = 1 and 5, the timed decode shape)."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from evoengineer import SPACES_DIR
+from evoengineer.candidate import CandidateFactory
+from evoengineer.space import load_space
+from evoengineer.tasks.base import get_task
+
+SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
+SMEM_LIMIT = 232448  # 227 KB per block on sm_90
+
+
+def test_the_three_spaces_ship():
+    assert [p.stem for p in SPACES] == ["decode_fp16_d128", "decode_fp8kv_d128", "decode_fp8kv_d64"]
+
+
+def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
+    """kSmemBytes as the template's Traits compute it."""
+    slice_ = p["BLOCK_N"] // p["NUM_WARPS"]
+    pitch = head_dim * (1 if fp8 else 2) + 16
+    half_pitch = head_dim * 2 + 16
+    rows = 16 * p["M_TILES"]
+    ring = p["NUM_WARPS"] * p["STAGES"] * 2 * slice_ * pitch
+    conv = p["NUM_WARPS"] * 2 * slice_ * half_pitch if fp8 and p.get("DEQUANT") == "shared" else 0
+    q = 0 if p["Q_IN_REGISTERS"] else rows * half_pitch
+    merge = rows * head_dim * 4 + 2 * p["NUM_WARPS"] * rows * 4 + 2 * rows * 4
+    bar_offset = (max(ring + conv + q, merge) + 15) // 16 * 16
+    return bar_offset + (p["NUM_WARPS"] * p["STAGES"] * 8 if p["LOAD_PATH"] == "bulk" else 0)
+
+
+def _traits(source: str) -> dict[str, str]:
+    return {m[1]: m[2] for m in re.finditer(r"static constexpr (?:int|bool) (k\w+) = ([\w\"]+);", source)}
+
+
+@pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
+def test_space_matches_the_template(space_file: Path):
+    space = load_space(space_file)
+    assert space.task == "decode" and space.template == "cuda/decode.cu.j2" and space.arch == "sm_90"
+    assert space.gates["max_spill_bytes"] == 0 and get_task(space).entry == "evo_decode_forward"
+    sig = space.signature
+    fp8 = sig["KV_DTYPE"] == "float8_e4m3"
+    assert ("DEQUANT" in space.names) == fp8
+    # every genome of the product: admitted by the constraints iff it fits (the constraint adds the barriers of the
+    # TMA path to every genome, so it may turn away a few that would just fit)
+    valid = set(space.valid_genomes())
+    sizes = [len(p.values) for p in space.parameters]
+    rnd = random.Random(0)
+    for _ in range(3000):
+        g = tuple(rnd.randrange(n) for n in sizes)
+        p = space.genome_to_params(g)
+        fits = _template_smem(p, sig["HEAD_DIM"], fp8) <= SMEM_LIMIT
+        if g in valid:
+            assert fits, p
+    assert len(valid) > 1000
+    factory = CandidateFactory(space)
+    for g in rnd.sample(sorted(valid), 8):
+        p = space.genome_to_params(g)
+        src = factory.make(p).source
+        t = _traits(src)
+        assert (int(t["kBlockN"]), int(t["kWarps"]), int(t["kStages"]), int(t["kMTiles"]), int(t["kMinBlocks"])) == (
+            p["BLOCK_N"], p["NUM_WARPS"], p["STAGES"], p["M_TILES"], p["MIN_BLOCKS"])
+        assert t["kBulk"] == str(p["LOAD_PATH"] == "bulk").lower()
+        assert t["kCombineInKernel"] == str(p["COMBINE"] == "in_kernel").lower()
+        assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
+        assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
+        assert ("cp.async.bulk.shared::cluster" in src) and ("cp.async.cg.shared.global" in src)
+
+
+@pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
+def test_correctness_shapes_cover_the_issue(space_file: Path):
+    space = load_space(space_file)
+    timed = [s for s in space.shapes if s.get("time")]
+    assert len(timed) == 1 and (timed[0]["B"], timed[0]["Hq"], timed[0]["Hkv"], timed[0]["Sk"]) == (8, 32, 8, 8192)
+    assert timed[0].get("Sq", 1) == 1
+    ragged = [s for s in space.shapes if s.get("seq_lens")]
+    lens = {x for s in ragged for x in s["seq_lens"]}
+    assert {1, 7, 1000} <= lens and any(s["Sk"] in s["seq_lens"] for s in ragged)
+    groups = {s["Hq"] // s["Hkv"] for s in space.shapes}
+    assert {1, 8} <= groups and {1, 5} <= {s.get("Sq", 1) for s in space.shapes}
+    assert all(s.get("fresh") for s in space.shapes)
+    if space.signature["KV_DTYPE"] == "float8_e4m3":
+        assert timed[0]["fp16_max_abs_err"] == 0.06
+
+
+def test_the_template_refuses_unknown_choices(tmp_path: Path):
+    """A space naming a load path or combine the template does not know renders to an #error, not a silent default."""
+    text = (SPACES_DIR / "decode_fp16_d128.toml").read_text()
+    text = text.replace('values = ["cp_async", "bulk"]', 'values = ["cp_async", "bulk", "ldg"]')
+    (tmp_path / "s.toml").write_text(text)
+    space = load_space(tmp_path / "s.toml")
+    p = next(q for q in map(space.genome_to_params, space.valid_genomes()) if q["COPY_BYTES"] == 16)
+    src = CandidateFactory(space).make({**p, "LOAD_PATH": "ldg"}).source
+    assert '#error "unknown LOAD_PATH / COMBINE"' in src
