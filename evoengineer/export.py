@@ -21,14 +21,15 @@ from evoengineer.fileio import umask
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
 #: task -> the function an exported package exposes (the task class gives the binding, entry and signature text)
-FAMILIES = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention"}
+FAMILIES = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention", "decode": "decode_attention"}
 
 
 def _task_class(task: str) -> Any:
+    from evoengineer.tasks.decode import DecodeTask
     from evoengineer.tasks.msda import MSDATask
     from evoengineer.tasks.sdpa import SDPATask
 
-    return {"msda": MSDATask, "sdpa": SDPATask}[task]
+    return {"msda": MSDATask, "sdpa": SDPATask, "decode": DecodeTask}[task]
 
 
 def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -188,8 +189,8 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
 
 def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
          build_root: str | Path | None = None) -> Callable[..., Any]:
-    """Elite `rank` of an elite.json as the function an exported package exposes (ms_deform_attn or
-    scaled_dot_product_attention), built from the recorded source on first use (cached). The function carries
+    """Elite `rank` of an elite.json as the function an exported package exposes (ms_deform_attn,
+    scaled_dot_product_attention or decode_attention), built from the recorded source on first use (cached). The function carries
     `.kernel` (the KernelOp: ops, signature, elite record)."""
     from evoengineer.ops.runtime import KernelOp, default_build_root
 

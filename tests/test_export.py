@@ -70,6 +70,7 @@ def sdpa_elite(tmp_path_factory, build_cache_session) -> Path:
 
     d = tmp_path_factory.mktemp("sdpa_search")
     shutil.copytree(DATA / "sdpa_cpu", d / "sdpa_cpu")
+    shutil.copy(DATA / "cpu_attention_dtypes.inc.j2", d / "sdpa_cpu")
     rc = main(["search", "--space", str(d / "sdpa_cpu" / "sdpa_cpu_space.toml"), "--strategy", "grid", "--db",
                f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--population", "3", "--elite", "1",
                "--cache-dir", str(build_cache_session), "--quiet"])
@@ -307,6 +308,83 @@ def test_exported_sdpa(sdpa_elite, tmp_path):
     F.scaled_dot_product_attention(q, k, v, is_causal=True).pow(2).sum().backward()
     for a, b in ((qh.grad, q.grad), (kh.grad, k.grad), (vh.grad, v.grad)):
         assert torch.allclose(a.float(), b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def decode_elite(tmp_path_factory, build_cache_session) -> Path:
+    import shutil
+
+    d = tmp_path_factory.mktemp("decode_search")
+    shutil.copytree(DATA / "decode_cpu", d / "decode_cpu")
+    shutil.copy(DATA / "cpu_attention_dtypes.inc.j2", d / "decode_cpu")
+    rc = main(["search", "--space", str(d / "decode_cpu" / "decode_cpu_space.toml"), "--strategy", "grid", "--db",
+               f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--population", "4", "--elite", "1",
+               "--cache-dir", str(build_cache_session), "--quiet"])
+    assert rc == 0
+    doc = json.loads((d / "elite.json").read_text())
+    assert doc["elites"][0]["params"]["FAULT"] == "none"
+    return d / "elite.json"
+
+
+def _decode_want(q, k, v, lens):
+    """float64 attention, sequence b over its first lens[b] keys, K/V heads shared by groups of query heads."""
+    G = q.shape[1] // k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b, n in enumerate(lens.tolist()):
+        kb = k[b, :, :n].double().repeat_interleave(G, dim=0)
+        vb = v[b, :, :n].double().repeat_interleave(G, dim=0)
+        out[b] = F.scaled_dot_product_attention(q[b].double(), kb, vb)
+    return out
+
+
+def test_exported_decode(decode_elite, tmp_path):
+    from evoengineer.tasks.decode import DecodeShape, make_inputs
+
+    assert main(["export", str(decode_elite), "--out", str(tmp_path / "pkg")]) == 0
+    (pkg,) = [p for p in (tmp_path / "pkg").iterdir() if p.is_dir()]
+    sys.path.insert(0, str(tmp_path / "pkg"))
+    try:
+        mod = importlib.import_module(pkg.name)
+    finally:
+        sys.path.remove(str(tmp_path / "pkg"))
+    decode = mod.decode_attention
+    x = make_inputs(DecodeShape("x", B=3, Hq=8, Hkv=2, Sq=3, Sk=150, seq_lens=(150, 1, 77)), 5, head_dim=64)
+    q, k, v, lens = x["q"], x["k"], x["v"], x["seq_lens"]  # NaN in the cache past each length
+    got = decode(q, k, v, lens)
+    assert torch.isfinite(got).all() and (got.double() - _decode_want(q, k, v, lens)).abs().max() < 4e-3
+    assert torch.equal(decode(q, k, v, lens.long()), got)  # int64 lengths are taken as well
+    compiled = torch.compile(lambda q, k, v, lens: decode(q, k, v, lens), fullgraph=True)
+    assert torch.equal(compiled(q, k, v, lens), got)
+    with pytest.raises(ValueError, match="query: head dim 32 \\(size 3\\), but this kernel was compiled for head dim 64"):
+        decode(q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous(), lens)
+    with pytest.raises(TypeError, match="key_cache: dtype bfloat16, but this kernel was compiled for float16"):
+        decode(q, k.bfloat16(), v.bfloat16(), lens)
+    with pytest.raises(ValueError, match="key_cache: shape \\(3, 3, 150, 64\\), expected \\[3, Hkv, Sk >= 1, 64\\]"):
+        decode(q, k[:, :1].repeat(1, 3, 1, 1), v[:, :1].repeat(1, 3, 1, 1), lens)
+    with pytest.raises(ValueError, match="seq_lens: shape \\(2,\\), expected \\[B\\] = \\[3\\]"):
+        decode(q, k, v, lens[:2])
+    with pytest.raises(TypeError, match="seq_lens: dtype float32"):
+        decode(q, k, v, lens.float())
+    with pytest.raises(ValueError, match="query: 17 query rows"):
+        decode(q.repeat(1, 1, 6, 1)[:, :, :17].contiguous(), k, v, lens)
+    with pytest.raises(ValueError, match="k_scale/v_scale: only for a kernel compiled for float8"):
+        decode(q, k, v, lens, k_scale=torch.ones(2))
+    # the reference takes what the kernel refuses (warned once)
+    with pytest.warns(UserWarning, match="computing with the PyTorch reference"):
+        ref = mod.with_fallback()(q.float(), k.float(), v.float(), lens)
+    assert (ref.double() - _decode_want(q, k, v, lens)).abs().max() < 1e-4
+    # gradients through the reference backward (keys past each length get none)
+    kc, vc = k.nan_to_num(0.0), v.nan_to_num(0.0)
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, kc, vc))
+    qh, kh, vh = (t.detach().half().requires_grad_() for t in (qf, kf, vf))
+    decode(qh, kh, vh, lens).float().pow(2).sum().backward()
+    want = torch.stack([F.scaled_dot_product_attention(
+        qf[b:b + 1], kf[b:b + 1, :, :n].repeat_interleave(4, dim=1), vf[b:b + 1, :, :n].repeat_interleave(4, dim=1))[0]
+        for b, n in enumerate(lens.tolist())])
+    want.pow(2).sum().backward()
+    for a, b_ in ((qh.grad, qf.grad), (kh.grad, kf.grad), (vh.grad, vf.grad)):
+        assert torch.allclose(a.float(), b_, atol=2e-2, rtol=2e-2)
+    assert (kh.grad[1, :, 1:] == 0).all() and (vh.grad[2, :, 77:] == 0).all()
 
 
 # ---- packaging --------------------------------------------------------------------------------------------------------

@@ -114,3 +114,30 @@ def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097)), 21)
     small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129)), 22)
     assert_right_call_after_call(task, module, big, small)
+
+
+def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
+    """The FP8 elite recorded in experiments/decode/results, loaded as a custom op (built from its recorded source):
+    right on a ragged GQA batch, under torch.compile(fullgraph=True) and inside a CUDA graph."""
+    import evoengineer
+    from evoengineer.tasks.decode import DecodeShape, make_inputs, reference
+
+    elite = Path(__file__).resolve().parents[1] / "experiments" / "decode" / "results" / "elite_decode_fp8kv_d128.json"
+    decode = evoengineer.load(elite, build_root=tmp_path)
+    x = make_inputs(DecodeShape("x", B=3, Hq=16, Hkv=2, Sq=2, Sk=5000, seq_lens=(5000, 1, 2049)), 3, head_dim=128,
+                    kv_dtype=torch.float8_e4m3fn, device="cuda")
+    args = (x["q"], x["k"], x["v"], x["seq_lens"])
+    kw = {"k_scale": x["k_scale"], "v_scale": x["v_scale"]}
+    got = decode(*args, **kw)
+    want = reference(x)
+    assert torch.isfinite(got).all() and (got.double() - want).abs().max() < 4e-3
+    compiled = torch.compile(lambda q, k, v, lens, ks, vs: decode(q, k, v, lens, k_scale=ks, v_scale=vs),
+                             fullgraph=True)
+    assert torch.equal(compiled(*args, x["k_scale"], x["v_scale"]), got)
+    out = decode(*args, **kw)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode(*args, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)

@@ -10,7 +10,10 @@ work, and exposes the calling convention users already have:
 * msda: ``ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
   attention_weights, im2col_step=64)`` as in Deformable DETR (output ``[N, Lq, M * D]``);
 * sdpa: ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-  scale=None, enable_gqa=False, *, k_scale=None, v_scale=None)`` as torch's (k_scale/v_scale: FP8 K/V).
+  scale=None, enable_gqa=False, *, k_scale=None, v_scale=None)`` as torch's (k_scale/v_scale: FP8 K/V);
+* decode: ``decode_attention(query, key_cache, value_cache, seq_lens, *, scale=None, k_scale=None, v_scale=None)``:
+  query ``[B, Hq, Sq <= 16, D]`` against a KV cache ``[B, Hkv, Sk, D]`` (Hq a multiple of Hkv: grouped-query
+  attention), sequence b seeing its first ``seq_lens[b]`` keys.
 
 Inputs outside the compiled signature raise ValueError/TypeError naming the argument and both values, unless the op
 was made with ``fallback="reference"``: then the plain-PyTorch reference computes them (warned once). The kernels
@@ -40,28 +43,66 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 _NAMESPACE = "evoengineer"
 
 
-def sdpa_reference_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            k_scale: torch.Tensor, v_scale: torch.Tensor, is_causal: bool,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of softmax(q k^T scale) v (top-left causal mask) in float32, written out (no autograd: this runs
-    inside a custom op, where autograd is off). K/V are dequantized with their per-head scales; their gradients are
-    with respect to the stored values."""
-    qf, do = q.float(), grad.float()
-    ks, vs = k_scale.float().view(1, -1, 1, 1), v_scale.float().view(1, -1, 1, 1)
-    kd, vd = k.float() * ks, v.float() * vs
+def _attention_backward(qf: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, do: torch.Tensor,
+                        masked: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of softmax(q k^T scale, keys where `masked` is true left out) v, all float32, written out (no
+    autograd: this runs inside a custom op, where autograd is off)."""
     s = torch.matmul(qf, kd.transpose(-1, -2)) * scale
-    if is_causal:
-        Sq, Sk = s.shape[-2], s.shape[-1]
-        mask = torch.ones(Sq, Sk, dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
+    if masked is not None:
+        s = s.masked_fill(masked, float("-inf"))
     p = torch.softmax(s, dim=-1)
     out = torch.matmul(p, vd)
     dv = torch.matmul(p.transpose(-1, -2), do)
     dp = torch.matmul(do, vd.transpose(-1, -2))
     ds = p * (dp - (do * out).sum(-1, keepdim=True))
-    dq = torch.matmul(ds, kd) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), qf) * scale
+    return torch.matmul(ds, kd) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
+
+
+def sdpa_reference_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            k_scale: torch.Tensor, v_scale: torch.Tensor, is_causal: bool,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of softmax(q k^T scale) v (top-left causal mask) in float32. K/V are dequantized with their
+    per-head scales; their gradients are with respect to the stored values."""
+    ks, vs = k_scale.float().view(1, -1, 1, 1), v_scale.float().view(1, -1, 1, 1)
+    masked = None
+    if is_causal:
+        masked = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+    dq, dk, dv = _attention_backward(q.float(), k.float() * ks, v.float() * vs, grad.float(), masked, scale)
     return dq, dk * ks, dv * vs
+
+
+def _decode_operands(q, k, v, k_scale, v_scale, seq_lens):
+    """float32 dequantized K/V expanded to the query heads, and the mask of the keys past each sequence's length
+    (clamped to [1, Sk], as the kernels do)."""
+    G = q.shape[1] // k.shape[1]
+    kd = (k.float() * k_scale.float().view(1, -1, 1, 1)).repeat_interleave(G, dim=1)
+    vd = (v.float() * v_scale.float().view(1, -1, 1, 1)).repeat_interleave(G, dim=1)
+    lens = seq_lens.long().clamp(1, k.shape[2])
+    masked = torch.arange(k.shape[2], device=q.device)[None, :] >= lens[:, None]
+    return kd, vd, masked[:, None, None, :]
+
+
+def decode_reference(q, k, v, k_scale, v_scale, seq_lens, scale: float) -> torch.Tensor:
+    """Decode attention in float32 (keys past a sequence's length left out; masked values zeroed, so that whatever
+    a cache holds there never reaches the output), in q's dtype."""
+    kd, vd, masked = _decode_operands(q, k, v, k_scale, v_scale, seq_lens)
+    s = torch.matmul(q.float(), kd.transpose(-1, -2)) * scale
+    p = torch.softmax(s.masked_fill(masked, float("-inf")), dim=-1)
+    return torch.matmul(p, vd.masked_fill(masked.transpose(-1, -2), 0.0)).to(q.dtype)
+
+
+def decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens,
+                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of decode attention; K/V gradients summed over each group's query heads, with respect to the
+    stored values (zero past each sequence's length)."""
+    kd, vd, masked = _decode_operands(q, k, v, k_scale, v_scale, seq_lens)
+    vd = vd.masked_fill(masked.transpose(-1, -2), 0.0)
+    kd = kd.masked_fill(masked.transpose(-1, -2), 0.0)
+    dq, dk, dv = _attention_backward(q.float(), kd, vd, grad.float(), masked, scale)
+    B, Hkv, Sk, D = k.shape
+    dk = dk.view(B, Hkv, -1, Sk, D).sum(2) * k_scale.float().view(1, -1, 1, 1)
+    dv = dv.view(B, Hkv, -1, Sk, D).sum(2) * v_scale.float().view(1, -1, 1, 1)
+    return dq, dk, dv
 
 
 def default_build_root() -> Path:
@@ -174,16 +215,18 @@ class KernelOp:
         if key in ops:  # the same kernel loaded again in this process (by any copy of this runtime): share its ops
             self.op, self.backward_op = ops[key]
         else:
-            register = {"msda": self._register_msda, "sdpa": self._register_sdpa}.get(self.task)
+            register = {"msda": self._register_msda, "sdpa": self._register_sdpa,
+                        "decode": self._register_decode}.get(self.task)
             if register is None:
-                raise ValueError(f"kernel.json: task {self.task!r} has no exported op (msda, sdpa)")
+                raise ValueError(f"kernel.json: task {self.task!r} has no exported op (msda, sdpa, decode)")
             # Registered once per process and never again: a second custom_op of the same name fails halfway, and
             # the half-made definition, once garbage-collected, takes kernels of the first one with it (seen as
             # intermittent crashes when an exported package and evoengineer.load held the same kernel).
             register(f"{self.task}_{key}")
             ops[key] = (self.op, self.backward_op)
         self.function: Callable[..., torch.Tensor] = {"msda": self.ms_deform_attn,
-                                                      "sdpa": self.scaled_dot_product_attention}[self.task]
+                                                      "sdpa": self.scaled_dot_product_attention,
+                                                      "decode": self.decode_attention}[self.task]
 
     # ---- shared -----------------------------------------------------------------------------------------------------
     def _outside(self, why: str, kind: type[Exception] = ValueError) -> None:
@@ -418,3 +461,109 @@ class KernelOp:
         ks = ones if k_scale is None else k_scale.contiguous()
         vs = ones if v_scale is None else v_scale.contiguous()
         return self.op(query.contiguous(), key.contiguous(), value.contiguous(), ks, vs, bool(is_causal), scale)
+
+    # ---- decode -----------------------------------------------------------------------------------------------------
+    def _register_decode(self, name: str) -> None:
+        module = self.module
+
+        @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
+        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+               seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+            out = torch.empty_like(q)
+            rc = module.forward(q, k, v, k_scale, v_scale, seq_lens, out, scale)
+            if rc != 0:
+                raise RuntimeError(f"decode kernel returned status {rc}")
+            return out
+
+        @op.register_fake
+        def _(q, k, v, k_scale, v_scale, seq_lens, scale):
+            return torch.empty_like(q)
+
+        @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=())
+        def backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        k_scale: torch.Tensor, v_scale: torch.Tensor, seq_lens: torch.Tensor,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            gq, gk, gv = decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens, scale)
+            return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
+
+        @backward_op.register_fake
+        def _(grad, q, k, v, k_scale, v_scale, seq_lens, scale):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def setup_context(ctx, inputs, output):
+            q, k, v, k_scale, v_scale, seq_lens, scale = inputs
+            ctx.save_for_backward(q, k, v, k_scale, v_scale, seq_lens)
+            ctx.scale = scale
+
+        def backward(ctx, grad):
+            q, k, v, k_scale, v_scale, seq_lens = ctx.saved_tensors
+            gq, gk, gv = backward_op(grad.contiguous(), q, k, v, k_scale, v_scale, seq_lens, ctx.scale)
+            return gq, gk, gv, None, None, None, None
+
+        op.register_autograd(backward, setup_context=setup_context)
+        self.op, self.backward_op = op, backward_op
+
+    def decode_misfit(self, query, key_cache, value_cache, seq_lens, k_scale,
+                      v_scale) -> tuple[str, type[Exception]] | None:
+        sig = self.signature
+        head_dim = int(sig["HEAD_DIM"])
+        q_dt = _DTYPES[sig.get("Q_DTYPE", "float16")]
+        kv_dt = _DTYPES[sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))]
+        named = {"query": query, "key_cache": key_cache, "value_cache": value_cache, "seq_lens": seq_lens}
+        for n, t in named.items():
+            if not isinstance(t, torch.Tensor):
+                return f"{n}: expected a tensor, got {type(t).__name__}", TypeError
+            bad = self._check_device(n, t, query.device)
+            if bad:
+                return bad, ValueError
+            dims = 1 if n == "seq_lens" else 4
+            if t.dim() != dims:
+                return f"{n}: expected {dims} dimensions, got {t.dim()} (shape {tuple(t.shape)})", ValueError
+        if query.dtype != q_dt:
+            return (f"query: dtype {_dtype_name(query.dtype)}, but this kernel was compiled for "
+                    f"{_dtype_name(q_dt)}"), TypeError
+        for n in ("key_cache", "value_cache"):
+            if named[n].dtype != kv_dt:
+                return (f"{n}: dtype {_dtype_name(named[n].dtype)}, but this kernel was compiled for "
+                        f"{_dtype_name(kv_dt)}"), TypeError
+        if seq_lens.dtype not in (torch.int32, torch.int64):
+            return f"seq_lens: dtype {_dtype_name(seq_lens.dtype)}, expected int32 (or int64)", TypeError
+        B, Hq, Sq, D = query.shape
+        if D != head_dim:
+            return f"query: head dim {D} (size 3), but this kernel was compiled for head dim {head_dim}", ValueError
+        if not 1 <= Sq <= 16:
+            return f"query: {Sq} query rows (size 2); this kernel decodes 1 to 16", ValueError
+        Hkv = key_cache.shape[1]
+        if key_cache.shape[0] != B or key_cache.shape[3] != D or Hkv == 0 or Hq % Hkv or key_cache.shape[2] == 0:
+            return (f"key_cache: shape {tuple(key_cache.shape)}, expected [{B}, Hkv, Sk >= 1, {D}] with Hkv "
+                    f"dividing the {Hq} query heads"), ValueError
+        if value_cache.shape != key_cache.shape:
+            return (f"value_cache: shape {tuple(value_cache.shape)}, expected the shape of key_cache "
+                    f"{tuple(key_cache.shape)}"), ValueError
+        if tuple(seq_lens.shape) != (B,):
+            return f"seq_lens: shape {tuple(seq_lens.shape)}, expected [B] = [{B}]", ValueError
+        for n, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is not None and (not isinstance(s, torch.Tensor) or tuple(s.shape) != (Hkv,)
+                                  or s.dtype != torch.float32 or s.device != query.device):
+                return f"{n}: expected a float32 tensor [Hkv] = [{Hkv}] on {query.device}", ValueError
+        if kv_dt != torch.float8_e4m3fn and (k_scale is not None or v_scale is not None):
+            return "k_scale/v_scale: only for a kernel compiled for float8 K/V", ValueError
+        return None
+
+    def decode_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         seq_lens: torch.Tensor, *, scale: float | None = None, k_scale: torch.Tensor | None = None,
+                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of query [B, Hq, Sq, D] over a KV cache [B, Hkv, Sk, D] (Hq = G x Hkv): every query row of
+        sequence b sees keys 0 .. seq_lens[b] - 1 (lengths are clamped to [1, Sk] on the device, not checked: that
+        would cost a device-to-host copy). FP8 caches take per-KV-head float32 `k_scale`/`v_scale`."""
+        misfit = self.decode_misfit(query, key_cache, value_cache, seq_lens, k_scale, v_scale)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        Hkv = key_cache.shape[1] if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4 else 1
+        ones = torch.ones(Hkv, dtype=torch.float32, device=query.device)
+        ks = ones if k_scale is None else k_scale.contiguous()
+        vs = ones if v_scale is None else v_scale.contiguous()
+        if misfit is not None:
+            self._outside(*misfit)
+            return decode_reference(query, key_cache, value_cache, ks, vs, seq_lens, scale)
+        return self.op(query.contiguous(), key_cache.contiguous(), value_cache.contiguous(), ks, vs,
+                       seq_lens.to(torch.int32).contiguous(), scale)
