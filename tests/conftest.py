@@ -75,6 +75,27 @@ def build_cache(tmp_path_factory) -> Path:
     return Path(given) if given else tmp_path_factory.mktemp("evocache")
 
 
+def build_candidate(space, params, cache_dir: Path, jobs: int | None = None):
+    """(task, module) of one candidate (params dict or genome) of `space`, built through the real Builder; the
+    build must succeed."""
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.compiler.steps import load_module
+    from evoengineer.tasks.base import get_task
+
+    task = get_task(space)
+    factory = CandidateFactory(space)
+    cand = factory.make(params) if isinstance(params, dict) else factory.from_genome(params)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir=cache_dir, **({"jobs": jobs} if jobs else {}))
+    try:
+        r = b.submit(cand).result()
+    finally:
+        b.close()
+    assert r.status == "ok", (cand.params, r.status, r.reason)
+    return task, load_module(r.so, r.module)
+
+
 def assert_right_call_after_call(task, module, big, small) -> None:
     """An SDPA kernel gives the right answer (within the task's tolerance, all finite) on every call: twice on `big`,
     after a call on `small` (another grid), and from two replays of a CUDA graph of a call on `big` (output

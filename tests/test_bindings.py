@@ -9,29 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import build_candidate
 from evoengineer import SPACES_DIR
-from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
-from evoengineer.tasks.base import get_task
 from evoengineer.tasks.msda import MSDAShape, reference
 
 
 @pytest.fixture(scope="module")
 def msda(build_cache_module):
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-
     space = load_space(SPACES_DIR / "cpu_msda.toml")
-    task = get_task(space)
-    genome = space.valid_genomes()[0]
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache_module, jobs=1)
-    try:
-        r = b.submit(CandidateFactory(space).from_genome(genome)).result()
-    finally:
-        b.close()
-    assert r.status == "ok", r.reason
-    return task, load_module(r.so, r.module)
+    return build_candidate(space, space.valid_genomes()[0], build_cache_module, jobs=1)
 
 
 @pytest.fixture(scope="module")

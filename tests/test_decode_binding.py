@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import build_candidate
 from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
 
@@ -56,21 +57,9 @@ def test_other_signatures(tmp_path: Path, build_cache: Path, sig: str):
 
 
 def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
     from evoengineer.tasks.decode import DecodeShape, reference
 
-    space = _space(tmp_path)
-    task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache, jobs=1)
-    try:
-        r = b.submit(CandidateFactory(space).make({"SPLIT_KEYS": 64, "FAULT": "none"})).result()
-    finally:
-        b.close()
-    assert r.status == "ok", r.reason
-    mod = load_module(r.so, r.module)
+    task, mod = build_candidate(_space(tmp_path), {"SPLIT_KEYS": 64, "FAULT": "none"}, build_cache, jobs=1)
     assert mod.signature == {"HEAD_DIM": "64", "Q_DTYPE": "float16", "KV_DTYPE": "float16"}
     x = task.make_inputs(DecodeShape("x", B=2, Hq=8, Hkv=2, Sq=3, Sk=200, seq_lens=(200, 65)), 0)
     q, k, v, ks, vs, lens = (x[n] for n in ("q", "k", "v", "k_scale", "v_scale", "seq_lens"))

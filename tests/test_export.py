@@ -64,20 +64,24 @@ def msda_elite(tmp_path_factory, build_cache_session) -> Path:
     return d / "elite.json"
 
 
-@pytest.fixture(scope="module")
-def sdpa_elite(tmp_path_factory, build_cache_session) -> Path:
+def _cpu_family_elite(d: Path, family: str, build_cache: Path, population: int) -> Path:
+    """A grid search over a test-only CPU attention family (tests/data/<family>, with the shared dtype helpers):
+    its elite.json, whose best is the fault-free kernel."""
     import shutil
 
-    d = tmp_path_factory.mktemp("sdpa_search")
-    shutil.copytree(DATA / "sdpa_cpu", d / "sdpa_cpu")
-    shutil.copy(DATA / "cpu_attention_dtypes.inc.j2", d / "sdpa_cpu")
-    rc = main(["search", "--space", str(d / "sdpa_cpu" / "sdpa_cpu_space.toml"), "--strategy", "grid", "--db",
-               f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--population", "3", "--elite", "1",
-               "--cache-dir", str(build_cache_session), "--quiet"])
+    shutil.copytree(DATA / family, d / family)
+    shutil.copy(DATA / "cpu_attention_dtypes.inc.j2", d / family)
+    rc = main(["search", "--space", str(d / family / f"{family}_space.toml"), "--strategy", "grid", "--db",
+               f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--population", str(population),
+               "--elite", "1", "--cache-dir", str(build_cache), "--quiet"])
     assert rc == 0
-    doc = json.loads((d / "elite.json").read_text())
-    assert doc["elites"][0]["params"]["FAULT"] == "none"
+    assert json.loads((d / "elite.json").read_text())["elites"][0]["params"]["FAULT"] == "none"
     return d / "elite.json"
+
+
+@pytest.fixture(scope="module")
+def sdpa_elite(tmp_path_factory, build_cache_session) -> Path:
+    return _cpu_family_elite(tmp_path_factory.mktemp("sdpa_search"), "sdpa_cpu", build_cache_session, 3)
 
 
 @pytest.fixture(scope="module")
@@ -278,14 +282,19 @@ def _qkv(B=2, H=3, Sq=9, Sk=13, D=64, dtype=torch.float16, seed=0):
     return [torch.randn(B, H, s, D, generator=g).to(dtype) for s in (Sq, Sk, Sk)]
 
 
-def test_exported_sdpa(sdpa_elite, tmp_path):
-    assert main(["export", str(sdpa_elite), "--out", str(tmp_path / "pkg")]) == 0
-    (pkg,) = [p for p in (tmp_path / "pkg").iterdir() if p.is_dir()]
-    sys.path.insert(0, str(tmp_path / "pkg"))
+def _export_and_import(elite: Path, out: Path):
+    """`evoengineer export` of rank 1 into `out`, then the package imported."""
+    assert main(["export", str(elite), "--out", str(out)]) == 0
+    (pkg,) = [p for p in out.iterdir() if p.is_dir()]
+    sys.path.insert(0, str(out))
     try:
-        mod = importlib.import_module(pkg.name)
+        return importlib.import_module(pkg.name)
     finally:
-        sys.path.remove(str(tmp_path / "pkg"))
+        sys.path.remove(str(out))
+
+
+def test_exported_sdpa(sdpa_elite, tmp_path):
+    mod = _export_and_import(sdpa_elite, tmp_path / "pkg")
     sdpa = mod.scaled_dot_product_attention
     for causal in (False, True):
         q, k, v = _qkv()
@@ -312,18 +321,7 @@ def test_exported_sdpa(sdpa_elite, tmp_path):
 
 @pytest.fixture(scope="module")
 def decode_elite(tmp_path_factory, build_cache_session) -> Path:
-    import shutil
-
-    d = tmp_path_factory.mktemp("decode_search")
-    shutil.copytree(DATA / "decode_cpu", d / "decode_cpu")
-    shutil.copy(DATA / "cpu_attention_dtypes.inc.j2", d / "decode_cpu")
-    rc = main(["search", "--space", str(d / "decode_cpu" / "decode_cpu_space.toml"), "--strategy", "grid", "--db",
-               f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--population", "4", "--elite", "1",
-               "--cache-dir", str(build_cache_session), "--quiet"])
-    assert rc == 0
-    doc = json.loads((d / "elite.json").read_text())
-    assert doc["elites"][0]["params"]["FAULT"] == "none"
-    return d / "elite.json"
+    return _cpu_family_elite(tmp_path_factory.mktemp("decode_search"), "decode_cpu", build_cache_session, 4)
 
 
 def _decode_want(q, k, v, lens):
@@ -340,13 +338,7 @@ def _decode_want(q, k, v, lens):
 def test_exported_decode(decode_elite, tmp_path):
     from evoengineer.tasks.decode import DecodeShape, make_inputs
 
-    assert main(["export", str(decode_elite), "--out", str(tmp_path / "pkg")]) == 0
-    (pkg,) = [p for p in (tmp_path / "pkg").iterdir() if p.is_dir()]
-    sys.path.insert(0, str(tmp_path / "pkg"))
-    try:
-        mod = importlib.import_module(pkg.name)
-    finally:
-        sys.path.remove(str(tmp_path / "pkg"))
+    mod = _export_and_import(decode_elite, tmp_path / "pkg")
     decode = mod.decode_attention
     x = make_inputs(DecodeShape("x", B=3, Hq=8, Hkv=2, Sq=3, Sk=150, seq_lens=(150, 1, 77)), 5, head_dim=64)
     q, k, v, lens = x["q"], x["k"], x["v"], x["seq_lens"]  # NaN in the cache past each length

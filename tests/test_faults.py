@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from evoengineer.cli import main
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from conftest import assert_right_call_after_call  # noqa: E402
+from conftest import assert_right_call_after_call, build_candidate  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -92,25 +92,14 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, tmp_path: Path, build_cach
 def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     """Split-KV partials and the in-kernel combine's counters live in a per-call workspace: the answer is right
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
     from evoengineer.tasks.decode import DecodeShape
 
     space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
-    task = get_task(space)
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 4, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": combine, "FAST_EXP": True, "DEQUANT": "registers",
               "MIN_BLOCKS": 1}
     assert not space.violated(params)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache)
-    try:
-        r = b.submit(CandidateFactory(space).make(params)).result()
-    finally:
-        b.close()
-    assert r.status == "ok", (r.status, r.reason)
-    module = load_module(r.so, r.module)
+    task, module = build_candidate(space, params, build_cache)
     big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097)), 21)
     small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129)), 22)
     assert_right_call_after_call(task, module, big, small)

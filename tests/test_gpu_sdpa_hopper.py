@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from conftest import assert_right_call_after_call  # noqa: E402
+from conftest import assert_right_call_after_call, build_candidate  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -75,23 +75,12 @@ PERSISTENT_GENOMES = {
 def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path):
     """A persistent kernel gives the right answer on every call: twice in a row, after a call on another shape
     (another grid and tile count), and from two replays of a CUDA graph."""
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
     from evoengineer.tasks.sdpa import SDPAShape
 
     space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
-    task = get_task(space)
     params = PERSISTENT_GENOMES[name]
     assert not space.violated(params)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache)
-    try:
-        r = b.submit(CandidateFactory(space).make(params)).result()
-    finally:
-        b.close()
-    assert r.status == "ok", (r.status, r.reason)
-    module = load_module(r.so, r.module)
+    task, module = build_candidate(space, params, build_cache)
     big = task.make_inputs(SDPAShape("big", B=4, H=16, Sq=1024, Sk=1024), 11)  # 512 tiles: several per CTA
     small = task.make_inputs(SDPAShape("small", B=3, H=2, Sq=500, Sk=300, causal=True), 12)
     assert_right_call_after_call(task, module, big, small)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import build_candidate
 from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
 
@@ -69,21 +70,9 @@ def test_fp8_kv_kernel_is_checked_twice(tmp_path: Path, build_cache: Path, bound
 
 
 def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
     from evoengineer.tasks.sdpa import SDPAShape
 
-    space = _space(tmp_path)
-    task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=build_cache, jobs=1)
-    try:
-        r = b.submit(CandidateFactory(space).make({"FAULT": "none"})).result()
-    finally:
-        b.close()
-    assert r.status == "ok", r.reason
-    mod = load_module(r.so, r.module)
+    task, mod = build_candidate(_space(tmp_path), {"FAULT": "none"}, build_cache, jobs=1)
     inputs = task.make_inputs(SDPAShape("x", B=2, H=3, Sq=5, Sk=7), 0)
     q, k, v, ks, vs = (inputs[n] for n in ("q", "k", "v", "k_scale", "v_scale"))
     out = task.new_output(inputs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from conftest import CheckingEvaluator
 from evoengineer.store import Store
 from evoengineer.cli import main
 from evoengineer.evaluators import ReplayEvaluator
-from evoengineer.search import STRATEGIES, OptunaSearch, RandomSearch, Runner, SearchSettings
+from evoengineer.search import STRATEGIES, OptunaSearch, Runner, SearchSettings
 from evoengineer.space import load_space
 
 ROOT = Path(__file__).resolve().parent.parent

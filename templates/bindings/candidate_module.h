@@ -68,6 +68,31 @@ inline void evo_expect_dtype(const torch::Tensor& t, const char* name, at::Scala
                    ", but this kernel was compiled for ", evo_dtype_name(want), " (", sig, ")");
 }
 
+// The first tensor argument is on the kind of device this build runs on (CUDA build: a CUDA device; else the CPU).
+inline void evo_expect_build_device(const torch::Tensor& t, const char* name) {
+#ifdef EVO_WITH_CUDA
+  TORCH_CHECK_VALUE(t.device().is_cuda(), name, ": on ", t.device(), ", this CUDA kernel needs CUDA tensors");
+#else
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, ": on ", t.device(), ", this CPU kernel needs CPU tensors");
+#endif
+}
+// What every attention binding checks first: q's device is the kind this build runs on; q, k, v, out are 4-D and
+// k_scale, v_scale 1-D, all contiguous on q's device; q and out have the compiled Q dtype.
+inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                         const torch::Tensor& k_scale, const torch::Tensor& v_scale,
+                                         const torch::Tensor& out, at::ScalarType q_dtype, const std::string& sig) {
+  const auto device = q.device();
+  evo_expect_build_device(q, "q");
+  evo_expect_tensor(q, "q", 4, device);
+  evo_expect_tensor(k, "k", 4, device);
+  evo_expect_tensor(v, "v", 4, device);
+  evo_expect_tensor(out, "out", 4, device);
+  evo_expect_tensor(k_scale, "k_scale", 1, device);
+  evo_expect_tensor(v_scale, "v_scale", 1, device);
+  evo_expect_dtype(q, "q", q_dtype, sig);
+  TORCH_CHECK_TYPE(out.scalar_type() == q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()), " must match q (",
+                   evo_dtype_name(q_dtype), ")");
+}
 inline at::ScalarType evo_signature_dtype(const EvoSignature& sig, const char* key, const char* fallback) {
   auto it = sig.find(key);
   return evo_dtype_named(it == sig.end() ? std::string(fallback) : it->second);

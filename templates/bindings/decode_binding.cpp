@@ -39,21 +39,8 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& seq_lens,
             torch::Tensor& out, double softmax_scale) {
   const auto device = q.device();
-#ifdef EVO_WITH_CUDA
-  TORCH_CHECK_VALUE(device.is_cuda(), "q: on ", device, ", the CUDA kernel needs CUDA tensors");
-#else
-  TORCH_CHECK_VALUE(device.is_cpu(), "q: on ", device, ", this CPU kernel needs CPU tensors");
-#endif
-  evo_expect_tensor(q, "q", 4, device);
-  evo_expect_tensor(k, "k", 4, device);
-  evo_expect_tensor(v, "v", 4, device);
-  evo_expect_tensor(out, "out", 4, device);
-  evo_expect_tensor(k_scale, "k_scale", 1, device);
-  evo_expect_tensor(v_scale, "v_scale", 1, device);
+  evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.text);
   evo_expect_tensor(seq_lens, "seq_lens", 1, device);
-  evo_expect_dtype(q, "q", sig.q_dtype, sig.text);
-  TORCH_CHECK_TYPE(out.scalar_type() == sig.q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()),
-                   " must match q (", evo_dtype_name(sig.q_dtype), ")");
   evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
   evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);
   TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,

@@ -91,11 +91,7 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
             const torch::Tensor& level_start_index, const torch::Tensor& loc, const torch::Tensor& attn,
             torch::Tensor& out) {
   const auto device = value.device();
-#ifdef EVO_WITH_CUDA
-  TORCH_CHECK_VALUE(device.is_cuda(), "value: on ", device, ", this CUDA kernel needs CUDA tensors");
-#else
-  TORCH_CHECK_VALUE(device.is_cpu(), "value: on ", device, ", this CPU kernel needs CPU tensors");
-#endif
+  evo_expect_build_device(value, "value");
   expect(value, "value", 4, "[N, S, M, D]", device);
   expect(loc, "sampling_locations", 6, "[N, Lq, M, L, P, 2]", device);
   expect(attn, "attention_weights", 5, "[N, Lq, M, L, P]", device);
