@@ -19,6 +19,20 @@ Inputs = dict[str, torch.Tensor]
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}
 
 
+def check_shape_keys(d: Any, required: tuple[str, ...], optional: tuple[str, ...], what: str,
+                     also: str = "") -> None:
+    """A shape table of family `what`: a mapping with every required key and no key outside required + optional,
+    else ValueError naming them (`also`: more about what is required)."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{what} shape: expected a table, got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"{what} shape is missing key(s) {missing}; required keys are {list(required)}{also}")
+    unknown = sorted(set(d) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"{what} shape has unknown key(s) {unknown}; allowed keys are {list(required + optional)}")
+
+
 @dataclass(frozen=True)
 class ShapeEntry:
     """A task shape plus how the evaluator uses it: `checks` input sets, timed or not, fresh inputs or cached."""

@@ -33,7 +33,7 @@ import torch
 
 from evoengineer.errors import UserError
 from evoengineer.ops.msda_reference import msda_reference
-from evoengineer.tasks.base import Task
+from evoengineer.tasks.base import Task, check_shape_keys
 
 __all__ = [
     "INPUT_KEYS",
@@ -97,15 +97,7 @@ class MSDAShape:
         ``Lq`` may be the string ``"S"``, meaning ``Lq = S`` (encoder self-attention).
         Raises ``ValueError`` on missing, unknown or invalid entries.
         """
-        if not isinstance(d, Mapping):
-            raise ValueError(f"MSDAShape.from_dict expects a mapping, got {type(d).__name__}")
-        missing = [k for k in _SHAPE_KEYS if k not in d]
-        if missing:
-            raise ValueError(f"MSDA shape is missing key(s) {missing}; required keys are {list(_SHAPE_KEYS)}")
-        unknown = sorted(set(d) - set(_SHAPE_KEYS) - set(_OPTIONAL_KEYS))
-        if unknown:
-            raise ValueError(f"MSDA shape has unknown key(s) {unknown}; allowed keys are "
-                             f"{list(_SHAPE_KEYS + _OPTIONAL_KEYS)}")
+        check_shape_keys(d, _SHAPE_KEYS, _OPTIONAL_KEYS, "MSDA")
 
         name = d["name"]
         if not isinstance(name, str) or not name:

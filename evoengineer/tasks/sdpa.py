@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from evoengineer.errors import UserError
-from evoengineer.tasks.base import Task
+from evoengineer.tasks.base import Task, check_shape_keys
 
 __all__ = ["INPUT_KEYS", "SDPAShape", "FP8_MAX", "make_inputs", "quantize_fp8", "reference", "sdpa_fp16_original",
            "causal_pairs", "flops", "min_bytes"]
@@ -66,15 +66,7 @@ class SDPAShape:
     def from_dict(cls, d: Mapping[str, Any]) -> "SDPAShape":
         """Build a shape from a TOML table: ``name, B, H`` and ``S`` (both lengths) or ``Sq`` (and optionally
         ``Sk``, default ``Sq``); optional ``causal`` and ``fp16_max_abs_err``. ValueError on anything else."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"SDPAShape.from_dict expects a mapping, got {type(d).__name__}")
-        missing = [k for k in _REQUIRED if k not in d]
-        if missing:
-            raise ValueError(f"SDPA shape is missing key(s) {missing}; required keys are {list(_REQUIRED)} plus "
-                             "S or Sq")
-        unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
-        if unknown:
-            raise ValueError(f"SDPA shape has unknown key(s) {unknown}; allowed keys are {list(_REQUIRED + _OPTIONAL)}")
+        check_shape_keys(d, _REQUIRED, _OPTIONAL, "SDPA", also=" plus S or Sq")
         name = d["name"]
         if not isinstance(name, str) or not name:
             raise ValueError(f"SDPA shape 'name' must be a non-empty string, got {name!r}")
@@ -213,6 +205,11 @@ class AttentionTask(Task):
     (Q_DTYPE or float8_e4m3; `fp8_needs_fp16_q`), the binding's signature text, a NaN-filled output like q."""
 
     fp8_needs_fp16_q = False
+    #: per family: the shape class, make_inputs(shape, seed, head_dim=, q_dtype=, kv_dtype=, device=) and the
+    #: reference(inputs, dtype=) of its module
+    shape_cls: Any = None
+    inputs_fn: Any = None
+    reference_fn: Any = None
 
     def __init__(self, space):
         sig = space.signature
@@ -251,6 +248,34 @@ class AttentionTask(Task):
         return (torch.empty((), dtype=self.q_dtype).element_size(),
                 torch.empty((), dtype=self.kv_dtype).element_size())
 
+    def parse_shape(self, d):
+        shape = self.shape_cls.from_dict(d)
+        if shape.fp16_max_abs_err is not None and not self.fp8:
+            raise ValueError(f"shape {shape.name!r}: fp16_max_abs_err is for FP8 KV only (KV_DTYPE is "
+                             f"{self.space.signature.get('KV_DTYPE')!r})")
+        return shape
+
+    def make_inputs(self, shape, seed):
+        return self.inputs_fn(shape, seed, head_dim=self.head_dim, q_dtype=self.q_dtype, kv_dtype=self.kv_dtype,
+                              device=self.device)
+
+    def reference(self, inputs):
+        return self.reference_fn(inputs, dtype=torch.float64)
+
+    def fp16_attention(self, inputs) -> torch.Tensor:
+        """FP8 KV: the attention the kernel replaces, fp16 on the unquantized K/V."""
+        raise NotImplementedError
+
+    def extra_check(self, shape, inputs, out, ref):
+        """RMSE against the reference; FP8 KV on shapes with ``fp16_max_abs_err``: max abs error and RMSE against
+        fp16 attention on the unquantized K/V (`fp16_attention`), failing above the bound (`fp8_against_fp16`)."""
+        got = out.to(torch.float64)
+        metrics = {"rmse": float((got - ref.to(got.device)).pow(2).mean().sqrt())}
+        if not self.fp8 or shape.fp16_max_abs_err is None:
+            return True, "", metrics
+        fp16 = self.fp16_attention(inputs).to(device=got.device, dtype=torch.float64)
+        return fp8_against_fp16(got, ref, fp16, shape.fp16_max_abs_err, self.tolerance()[0], metrics)
+
 
 class SDPATask(AttentionTask):
     """SDPA forward. Signature constants: HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE; B, H, Sq, Sk, causal are runtime."""
@@ -259,20 +284,9 @@ class SDPATask(AttentionTask):
     entry = "evo_sdpa_forward"
     binding = "bindings/sdpa_binding.cpp"
     fp8_needs_fp16_q = True
-
-    def parse_shape(self, d):
-        shape = SDPAShape.from_dict(d)
-        if shape.fp16_max_abs_err is not None and not self.fp8:
-            raise ValueError(f"shape {shape.name!r}: fp16_max_abs_err is for FP8 KV only (KV_DTYPE is "
-                             f"{self.space.signature.get('KV_DTYPE')!r})")
-        return shape
-
-    def make_inputs(self, shape, seed):
-        return make_inputs(shape, seed, head_dim=self.head_dim, q_dtype=self.q_dtype, kv_dtype=self.kv_dtype,
-                           device=self.device)
-
-    def reference(self, inputs):
-        return reference(inputs, dtype=torch.float64)
+    shape_cls = SDPAShape
+    inputs_fn = staticmethod(make_inputs)
+    reference_fn = staticmethod(reference)
 
     def launch(self, module, inputs, out):
         rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"], out,
@@ -280,15 +294,8 @@ class SDPATask(AttentionTask):
         if rc != 0:
             raise RuntimeError(f"kernel returned status {rc}")
 
-    def extra_check(self, shape, inputs, out, ref):
-        """RMSE against the reference; FP8 KV on shapes with ``fp16_max_abs_err``: max abs error and RMSE against
-        fp16 SDPA on the unquantized K/V, failing above the bound."""
-        got = out.to(torch.float64)
-        metrics = {"rmse": float((got - ref.to(got.device)).pow(2).mean().sqrt())}
-        if not self.fp8 or shape.fp16_max_abs_err is None:
-            return True, "", metrics
-        fp16 = sdpa_fp16_original(inputs).to(torch.float64)
-        return fp8_against_fp16(got, ref, fp16, shape.fp16_max_abs_err, self.tolerance()[0], metrics)
+    def fp16_attention(self, inputs):
+        return sdpa_fp16_original(inputs)
 
     def baselines(self):
         # FP8 KV: what the kernel replaces is fp16 attention on the original K/V

@@ -2,6 +2,10 @@
 // signature the candidate was compiled for ("KEY=VALUE;KEY=VALUE", written by the build shim).
 #pragma once
 #include <torch/extension.h>
+#ifdef EVO_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
@@ -120,4 +124,34 @@ PyObject* evo_make_candidate_module(const char* name, const char* doc, const cha
     PyErr_SetString(PyExc_ImportError, e.what());
     return nullptr;
   }
+}
+
+// Runs `call(stream)` (the kernel entry point) on `device` and its current stream (nullptr on the CPU), without the
+// GIL; returns the entry point's status.
+template <typename Call>
+int evo_call_on_stream(const torch::Device& device, Call call) {
+  void* stream = nullptr;
+#ifdef EVO_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(device);
+  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;
+#endif
+  pybind11::gil_scoped_release nogil;
+  return call(stream);
+}
+
+// The signature of an attention kernel (sdpa, decode families): HEAD_DIM, Q_DTYPE (default float16), KV_DTYPE
+// (default Q_DTYPE).
+struct EvoAttentionSignature {
+  int64_t head_dim = 0;
+  at::ScalarType q_dtype = at::kHalf, kv_dtype = at::kHalf;
+  std::string text;
+};
+inline void evo_read_attention_signature(EvoAttentionSignature& sig) {
+  const auto parsed = evo_parse_signature(sig.text.c_str());
+  sig.head_dim = evo_signature_int(parsed, "HEAD_DIM");
+  sig.q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
+  sig.kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
+                                                                                   : "float16");
 }

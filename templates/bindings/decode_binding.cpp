@@ -6,10 +6,6 @@
 #include <torch/extension.h>
 
 #include "candidate_module.h"
-#ifdef EVO_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
 
 #include <cstring>
 #include <memory>
@@ -28,11 +24,8 @@ using DecodeForwardFn = int (*)(const void* q, const void* k, const void* v, con
                                 int64_t* workspace_bytes, void* stream);
 constexpr int kNeedWorkspace = 6;
 
-struct DecodeSignature {
+struct DecodeSignature : EvoAttentionSignature {
   DecodeForwardFn fn;
-  int64_t head_dim;
-  at::ScalarType q_dtype, kv_dtype;
-  std::string text;
 };
 
 int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -65,28 +58,21 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
   if (B * Hq == 0) return 0;
   // the lengths are device data: a kernel clamps them to [1, Sk] and the task's inputs keep them there; checking
   // them here would cost a device-to-host copy per call
-  void* stream = nullptr;
-#ifdef EVO_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(device);
-  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-#endif
-  int rc;
-  {
-    pybind11::gil_scoped_release nogil;
+  return evo_call_on_stream(device, [&](void* stream) {
     const auto call = [&](void* workspace, int64_t* bytes) {
       return sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
                     seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk,
                     static_cast<float>(softmax_scale), workspace, bytes, stream);
     };
     int64_t bytes = 0;
-    rc = call(nullptr, &bytes);
+    int rc = call(nullptr, &bytes);
     if (rc == kNeedWorkspace && bytes > 0) {
       // freed back to the caching allocator when this returns: reuse is ordered after the kernel on this stream
       const torch::Tensor workspace = torch::empty({bytes}, q.options().dtype(torch::kUInt8));
       rc = call(workspace.data_ptr(), &bytes);
     }
-  }
-  return rc;
+    return rc;
+  });
 }
 
 }  // namespace
@@ -97,11 +83,7 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
   sig->fn = reinterpret_cast<DecodeForwardFn>(entry);
   sig->text = signature;
   return evo_make_candidate_module(name, "EvoEngineer decode-attention candidate", signature, [sig](pybind11::module_& m) {
-    const auto parsed = evo_parse_signature(sig->text.c_str());
-    sig->head_dim = evo_signature_int(parsed, "HEAD_DIM");
-    sig->q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
-    sig->kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
-                                                                                       : "float16");
+    evo_read_attention_signature(*sig);
     m.def("forward",
           [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
                 const torch::Tensor& v_scale, const torch::Tensor& seq_lens, torch::Tensor out, double softmax_scale) {

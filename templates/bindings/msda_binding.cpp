@@ -6,9 +6,7 @@
 
 #include "candidate_module.h"
 #ifdef EVO_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
 #endif
 
 #include <memory>
@@ -134,18 +132,10 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
   if (N * Lq * M == 0) return 0;
   TORCH_CHECK_VALUE(S > 0, "value: S = 0 positions, but the levels are at least 1 x 1");
   check_levels(st, spatial_shapes, level_start_index, S);
-  void* stream = nullptr;
-#ifdef EVO_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(device);
-  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-#endif
-  int rc;
-  {
-    pybind11::gil_scoped_release nogil;
-    rc = st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
-               loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, stream);
-  }
-  return rc;
+  return evo_call_on_stream(device, [&](void* stream) {
+    return st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
+                 loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, stream);
+  });
 }
 
 }  // namespace

@@ -6,10 +6,6 @@
 #include <torch/extension.h>
 
 #include "candidate_module.h"
-#ifdef EVO_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
 
 #include <cstring>
 #include <memory>
@@ -23,11 +19,8 @@ using SdpaForwardFn = int (*)(const void* q, const void* k, const void* v, const
                               void* out, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int causal, float softmax_scale,
                               void* stream);
 
-struct SdpaSignature {
+struct SdpaSignature : EvoAttentionSignature {
   SdpaForwardFn fn;
-  int64_t head_dim;
-  at::ScalarType q_dtype, kv_dtype;
-  std::string text;
 };
 
 int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -52,18 +45,10 @@ int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tenso
   TORCH_CHECK_VALUE(Sk > 0 || Sq == 0 || B * H == 0, "k: no keys (Sk = 0) for ", Sq,
                     " queries: softmax over nothing");
   if (B * H * Sq == 0) return 0;
-  void* stream = nullptr;
-#ifdef EVO_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(device);
-  stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-#endif
-  int rc;
-  {
-    pybind11::gil_scoped_release nogil;
-    rc = sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
-            out.data_ptr(), B, H, Sq, Sk, causal ? 1 : 0, static_cast<float>(softmax_scale), stream);
-  }
-  return rc;
+  return evo_call_on_stream(device, [&](void* stream) {
+    return sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+                  out.data_ptr(), B, H, Sq, Sk, causal ? 1 : 0, static_cast<float>(softmax_scale), stream);
+  });
 }
 
 }  // namespace
@@ -74,11 +59,7 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
   sig->fn = reinterpret_cast<SdpaForwardFn>(entry);
   sig->text = signature;
   return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", signature, [sig](pybind11::module_& m) {
-    const auto parsed = evo_parse_signature(sig->text.c_str());
-    sig->head_dim = evo_signature_int(parsed, "HEAD_DIM");
-    sig->q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
-    sig->kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
-                                                                                       : "float16");
+    evo_read_attention_signature(*sig);
     m.def("forward",
           [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
                 const torch::Tensor& v_scale, torch::Tensor out, bool causal, double softmax_scale) {
