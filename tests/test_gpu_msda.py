@@ -30,10 +30,15 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     valid = space.valid_genomes()
     rnd = random.Random(1)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(10, len(valid)))}
-    # every code path: registers / shared / specialized metadata, staged values, the small-level cache
-    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META"):
+    # every code path: registers / shared / specialized metadata, staged values, the small-level cache, branch-free
+    # corners, half2 sums, and the query-window path (every tile size, margin and head count)
+    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2"):
         with_gene = [g for g in valid if space.genome_to_params(g)[gene]]
         picks.update(rnd.sample(with_gene, min(3, len(with_gene))))
+    for key in ("WINDOW_TILE", "WINDOW_MARGIN", "WINDOW_HEADS"):
+        window = [g for g in valid if space.genome_to_params(g)["WINDOW_TILE"] > 0]
+        for value in sorted({space.genome_to_params(g)[key] for g in window}):
+            picks.add(rnd.choice([g for g in window if space.genome_to_params(g)[key] == value]))
     factory = CandidateFactory(space)
     cands = [factory.from_genome(g) for g in sorted(picks)]
     with LocalEvaluator(space, cache_dir=build_cache) as ev:

@@ -41,7 +41,7 @@ from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
 RESULTS = ROOT / "experiments" / "strategies" / "results"
 LANDSCAPES = {  # name: (space file, landscape CSV)
     "cpu_msda": ("search_spaces/cpu_msda.toml", "experiments/strategies/results/landscape_cpu_msda.csv"),
-    "cuda_msda_fp16": ("search_spaces/cuda_msda_fp16.toml",
+    "cuda_msda_fp16": ("experiments/msda/results/cuda_msda_fp16_v1.toml",  # the space the landscape was recorded in
                        "experiments/msda/results/landscape_cuda_msda_fp16.csv"),
     "sdpa_fp16_d64": ("search_spaces/sdpa_fp16_d64.toml", "experiments/sdpa/results/landscape_sdpa_fp16_d64.csv"),
 }
