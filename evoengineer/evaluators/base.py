@@ -60,6 +60,25 @@ class Evaluator(ABC):
         for c in candidates:
             yield c, self.evaluate(c)
 
+    @property
+    def wants_prefetch(self) -> bool:
+        """Whether `prefetch` does anything (so callers can skip rendering candidates for it)."""
+        return False
+
+    def prefetch(self, candidates: Sequence[Candidate]) -> None:
+        """A hint: these candidates may be asked for next. Start what can start early (builds), never measure or
+        record anything. A later call replaces the earlier hint. Default: ignored."""
+
+    def build(self, candidate: Candidate) -> dict[str, Any] | None:
+        """Prepare a candidate away from the measuring device (compile it into the build cache): its build summary
+        (status, reason, metrics, build_s, cached), or None when this evaluator has nothing to prepare."""
+        return None
+
+    def utilization(self) -> tuple[float, int] | None:
+        """(seconds the measuring devices were busy so far, number of devices), for the progress line's busy
+        share; None when this evaluator does not say."""
+        return None
+
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """Certify candidates that measured ok under a dynamic checker before they are published as elites: per hash
         {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker

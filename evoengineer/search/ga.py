@@ -415,6 +415,20 @@ class GeneticSearch:
             del child.fitness.values
         return offspring
 
+    def _speculate(self, pop: Sequence[Individual], n: int, gen: int) -> None:
+        """Start building (never measuring) what generation `gen` will likely breed, while the generation before it
+        is measured: a guess made as if that generation's results changed nothing (the neighbours of the best so
+        far, children of the current elites). The RNG is put back, so the real breeding draws exactly as without
+        the guess; a guessed child that is bred for real finds its build in the cache."""
+        if not self.runner.wants_prefetch:
+            return
+        state = self.rng.getstate()
+        try:
+            guess = self._offspring([self.toolbox.clone(ind) for ind in pop], n, gen)
+        finally:
+            self.rng.setstate(state)
+        self.runner.prefetch(guess)
+
     def run(self, state: dict[str, Any] | None = None) -> str:
         """Search until the generations or the budget run out. Returns why it stopped."""
         r, s = self.runner, self.settings
@@ -443,6 +457,8 @@ class GeneticSearch:
             gen += 1
             elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]
             offspring = self._offspring(pop, max(0, s.population - len(elites)), gen)
+            if gen < s.generations:
+                self._speculate(elites + offspring, max(0, s.population - len(elites)), gen + 1)
             self._assign(offspring, gen)
             if self.params.plus_survival:
                 pool = [ind for ind in pop + offspring if ind.fitness.valid]

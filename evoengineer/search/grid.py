@@ -25,6 +25,7 @@ class GridSearch:
         reason = "space exhausted"
         last = max(0, gen - 1)  # the last generation that ran (a resumed run with nothing left: the stored one)
         for i in range(start, len(valid), batch):
+            r.prefetch(valid[i + batch:i + 2 * batch])  # built while this batch is measured
             r.evaluate(valid[i:i + batch], gen)
             last = gen
             nxt = i + batch

@@ -37,6 +37,7 @@ class RandomSearch:
                 reason = stop
                 break
             take = order[pos:pos + min(batch, s.max_evaluations - r.evaluations)]
+            r.prefetch(order[pos + len(take):pos + len(take) + batch])  # built while this batch is measured
             r.evaluate(take, gen)
             pos += len(take)
             if not r.exhausted:

@@ -174,6 +174,25 @@ class Runner:
             self.exhausted = True
         return [self.records.get(self.hash_of(g)) for g in genomes]
 
+    @property
+    def wants_prefetch(self) -> bool:
+        return self.evaluator.wants_prefetch
+
+    def prefetch(self, genomes: Iterable[Sequence[int]]) -> None:
+        """Tell the evaluator what may be evaluated next (a cluster starts building it while this batch is
+        measured). Nothing is measured or recorded; stored or unrenderable genomes are left out."""
+        if not self.evaluator.wants_prefetch:
+            return
+        candidates = []
+        for g in genomes:
+            if self.hash_of(g) in self.records:
+                continue
+            try:
+                candidates.append(self.factory.from_genome(tuple(g)))
+            except UserError:
+                continue
+        self.evaluator.prefetch(candidates)
+
     def _record(self, rec: CandidateRecord) -> None:
         """Commit one result now, keep it (without its source) for lookups, tell the observers."""
         self.store.record_candidate(self.run.id, rec)
