@@ -60,14 +60,15 @@ class Evaluator(ABC):
         for c in candidates:
             yield c, self.evaluate(c)
 
-    @property
-    def wants_prefetch(self) -> bool:
-        """Whether `prefetch` does anything (so callers can skip rendering candidates for it)."""
+    def wants_prefetch(self, certain: bool) -> bool:
+        """Whether `prefetch` would do anything with such a hint (so callers can skip making candidates for it)."""
         return False
 
-    def prefetch(self, candidates: Sequence[Candidate]) -> None:
-        """A hint: these candidates may be asked for next. Start what can start early (builds), never measure or
-        record anything. A later call replaces the earlier hint. Default: ignored."""
+    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
+        """A hint: these candidates may be asked for next (`certain`: they will be, unless the search stops). Start
+        what can start early: builds; with `certain`, also measurements on idle devices, whose results wait here
+        for the call that asks for them (only what is asked for is ever recorded). A later hint replaces this one.
+        Default: ignored."""
 
     def build(self, candidate: Candidate) -> dict[str, Any] | None:
         """Prepare a candidate away from the measuring device (compile it into the build cache): its build summary

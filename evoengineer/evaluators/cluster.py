@@ -51,8 +51,11 @@ from evoengineer.space.spec import SearchSpace
 GPU, BUILD = "GPU", "BUILD"
 #: a task may be running on one worker that dies; on the second it is a poison pill (Dask's KilledWorker)
 ALLOWED_FAILURES = 1
-#: Dask settings for the processes we start: workers run builder process pools, so they must not be daemonic
-DASK_CONFIG = {"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": ALLOWED_FAILURES}
+#: Dask settings for the processes we start: workers run builder process pools, so they must not be daemonic; no
+#: statistical profiler or GIL sampling in the workers (threads waking every few ms: CPU taken from the builds and
+#: noise beside CPU timings, for profiles of tasks that only wait on a subprocess)
+DASK_CONFIG = {"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+               "distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.gil.enabled": False}
 #: how long a new search waits for the first GPU worker of an external scheduler
 WAIT_FOR_WORKERS_S = float(os.environ.get("EVOENGINEER_CLUSTER_WAIT_S", "60"))
 PRIORITY_NOW, PRIORITY_SPECULATIVE = 10, 0
@@ -397,6 +400,8 @@ class ClusterEvaluator(Evaluator):
         self.overlap = space.backend != "cpu"
         self._cluster = None
         self._prefetched: dict[str, Any] = {}  # hash -> build future of the latest prefetch hint
+        self._ahead: dict[str, Any] = {}  # hash -> measuring future started ahead of the batch asking for it
+        self._lookahead: deque[Candidate] = deque()  # the certain next batch, not yet measured ahead
         extras = dict(extras or {})
         if address == "local":
             real = self.builds and space.backend == "cuda"
@@ -425,6 +430,8 @@ class ClusterEvaluator(Evaluator):
                                                      sort_keys=True, default=str).encode()
                                           + repr(factory).encode()).hexdigest()[:20]
         self.slots = self._wait_for_gpu_workers()
+        self._slots_stale, self._slots_at = False, time.monotonic()
+        self.client.subscribe_topic("all", self._on_event)  # workers joining and leaving
         if self.builds and not self._build_slots():
             self.builds = False  # no build worker: each GPU worker compiles what it measures
         self.busy_s = 0.0
@@ -504,93 +511,155 @@ class ClusterEvaluator(Evaluator):
     def evaluate(self, candidate: Candidate) -> Measurement:
         return next(iter(self.evaluate_many([candidate])))[1]
 
-    @property
-    def wants_prefetch(self) -> bool:
-        return self.builds and self.overlap
+    def wants_prefetch(self, certain: bool) -> bool:
+        return certain or (self.builds and self.overlap)
 
-    def prefetch(self, candidates: Sequence[Candidate]) -> None:
-        """Start building these at low priority (the current batch's builds go first); drop the previous hint's
-        builds that have not started. Built modules land in the build cache, whatever happens next."""
-        if not self.wants_prefetch:
-            return
+    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
+        """Start building these at low priority (the current batch's builds go first; CPU spaces: never beside a
+        measurement) and drop the previous hint's builds that have not started: built modules land in the build
+        cache whatever happens next. `certain` (the next batch of random or grid): they may also be measured on GPU
+        workers the current batch leaves idle; those results wait here until `evaluate_many` asks for them."""
         wanted = {c.hash: c for c in candidates}
-        for h in [h for h in self._prefetched if h not in wanted]:
-            self._prefetched.pop(h).cancel()
-        for h, c in wanted.items():
-            if h not in self._prefetched:
-                self._prefetched[h] = self._submit_build(c, PRIORITY_SPECULATIVE)
+        if self.builds and self.overlap:
+            for h in [h for h in self._prefetched if h not in wanted]:
+                self._prefetched.pop(h).cancel()
+            for h, c in wanted.items():
+                if h not in self._prefetched:
+                    self._prefetched[h] = self._submit_build(c, PRIORITY_SPECULATIVE)
+        self._lookahead = deque(c for c in wanted.values() if c.hash not in self._ahead) if certain else deque()
 
     def _submit_build(self, c: Candidate, priority: int) -> Any:
         return self.client.submit(build_task, self.spec, c, resources={BUILD: 1}, pure=False, priority=priority)
 
+    def _submit_measure(self, c: Candidate, build: dict[str, Any] | None) -> Any:
+        return self.client.submit(measure_task, self.spec, c, build, resources={GPU: 1}, pure=False)
+
+    def _next_ahead(self) -> tuple[Candidate, dict[str, Any] | None] | None:
+        """The next candidate of a certain hint that can be measured ahead now (its build done), or None."""
+        while self._lookahead:
+            c = self._lookahead[0]
+            b = None
+            if self.builds:
+                f = self._prefetched.get(c.hash)
+                if f is None or not f.done():
+                    return None  # its build first (kept in order: the hint's order is the batch's)
+                b = self._build_result(f)
+                if b is not None and b["status"] != "ok":
+                    self._lookahead.popleft()  # nothing to measure: the batch records the build's verdict
+                    continue
+            self._lookahead.popleft()
+            return c, b
+        return None
+
     def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
         """Builds of the whole batch at once; a measuring task per candidate as GPU workers free up; each result
-        handed on as it arrives (the order depends on the workers; what is recorded does not)."""
+        handed on as it arrives (the order depends on the workers; what is recorded does not). A candidate already
+        measured ahead (prefetch, certain) is answered by that measurement. GPU workers the batch leaves idle start
+        on the next batch, if it is known."""
         from distributed import as_completed
 
         cands = list(candidates)
         builds: dict[Any, Candidate] = {}
         measures: dict[Any, Candidate] = {}
         ready: deque[tuple[Candidate, dict[str, Any] | None]] = deque()
-        pending_builds = 0
-        # results are fetched the moment a task finishes: one that waited on its worker would be lost, and run again,
-        # if that worker died before the search asked for it
-        ac = as_completed(with_results=True, raise_errors=False)
+        ac = as_completed()
         for c in cands:
-            if self.builds:
+            ahead = self._ahead.pop(c.hash, None)
+            if ahead is not None:  # measured (or being measured) ahead: that measurement answers it
+                self._prefetched.pop(c.hash, None)
+                measures[ahead] = c
+                ac.add(ahead)
+            elif self.builds:
                 f = self._prefetched.pop(c.hash, None) or self._submit_build(c, PRIORITY_NOW)
                 builds[f] = c
                 ac.add(f)
             else:
                 ready.append((c, None))
-        pending_builds = len(builds)
+        wanted_next = {c.hash for c in self._lookahead}
+        for h in [h for h in self._ahead if h not in wanted_next]:  # measured ahead for a batch that never came
+            self._ahead.pop(h).cancel()
+        for f in self._ahead.values():
+            ac.add(f)  # their completions free GPU workers for this batch
         held: list[tuple[Candidate, dict[str, Any] | None]] = []  # CPU spaces: measured once every build is done
 
         def fill() -> None:
-            if not ready:
-                return
             # never more measuring tasks than GPU workers alive: a queued task would share the fate of a worker
             # killed by the candidate running there (the scheduler counts every task it had handed that worker)
-            self.slots = self.gpu_workers()
-            while ready and len(measures) < max(1, self.slots):
+            if not ready and not self._lookahead:
+                return
+            self._refresh_slots()
+            busy = len(measures) + sum(1 for f in self._ahead.values() if not f.done())
+            while ready and busy < max(1, self.slots):
                 c, b = ready.popleft()
-                f = self.client.submit(measure_task, self.spec, c, b, resources={GPU: 1}, pure=False)
+                f = self._submit_measure(c, b)
                 measures[f] = c
                 ac.add(f)
+                busy += 1
+            # what this batch leaves idle measures the next one (never ahead of this batch's own builds on a CPU)
+            while not ready and (self.overlap or not builds) and busy < self.slots:
+                nxt = self._next_ahead()
+                if nxt is None:
+                    break
+                f = self._submit_measure(*nxt)
+                self._ahead[nxt[0].hash] = f
+                ac.add(f)
+                busy += 1
 
         try:
             fill()
-            for fut, value in ac:
-                if fut in builds:
-                    c = builds.pop(fut)
-                    pending_builds -= 1
-                    b = self._build_result(fut, value)
-                    if b is not None and b["status"] != "ok":
-                        yield c, Measurement(b["status"], b["reason"], {**b.get("metrics", {}),
-                                                                         "build_s": b.get("build_s", 0.0),
-                                                                         "build_cached": b.get("cached", False)})
-                    else:
-                        (ready if self.overlap else held).append((c, b))
-                    if not self.overlap and pending_builds == 0:
-                        ready.extend(held)
-                        held.clear()
-                    fill()
-                    continue
-                c = measures.pop(fut)
-                m = self._measure_result(fut, value)
-                fill()  # the next candidate starts before this result is recorded
-                yield c, m
+            if not (builds or measures or ready or held):
+                return
+            for done in ac.batches():  # every task finished since the last look: one reaction to a burst
+                failed: list[tuple[Candidate, Measurement]] = []
+                finished: list[tuple[Any, Candidate]] = []
+                for fut in done:
+                    if fut in builds:
+                        c = builds.pop(fut)
+                        b = self._build_result(fut)
+                        if b is not None and b["status"] != "ok":
+                            failed.append((c, Measurement(b["status"], b["reason"], {
+                                **b.get("metrics", {}), "build_s": b.get("build_s", 0.0),
+                                "build_cached": b.get("cached", False)})))
+                        else:
+                            (ready if self.overlap else held).append((c, b))
+                    elif fut in measures:
+                        finished.append((fut, measures.pop(fut)))
+                    # else: a measurement ahead finished; it waits in self._ahead for the next batch
+                if not self.overlap and not builds:
+                    ready.extend(held)
+                    held.clear()
+                fill()  # the next candidates start before these results are fetched and recorded
+                yield from failed
+                yield from zip((c for _, c in finished), self._measure_results([f for f, _ in finished]))
+                if not (builds or measures or ready or held):
+                    break  # this batch is done (measurements ahead go on)
         finally:
             if builds or measures:  # interrupted (Ctrl-C, a lost lease): nothing of this batch keeps running
-                self.client.cancel([*builds, *measures])
+                try:
+                    self.client.cancel([*builds, *measures, *self._ahead.values()])
+                except Exception:  # a lost scheduler: nothing runs for us any more
+                    pass
+                self._ahead.clear()
 
-    def _result(self, fut: Any, value: Any = None) -> Any:
-        """A finished task's value (`value` when already fetched); ClusterLost when the scheduler is gone,
-        KilledWorker for a poison pill, ClusterError (one line) for anything else a worker raised."""
+    def _on_event(self, event: Any) -> None:
+        """Scheduler events (client's loop thread): a worker came or went, count the GPU workers again."""
+        msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
+        if isinstance(msg, dict) and msg.get("action") in ("add-worker", "remove-worker"):
+            self._slots_stale = True
+
+    def _refresh_slots(self) -> None:
+        """The live GPU workers, asked of the scheduler when one came or went (and every few seconds anyway)."""
+        now = time.monotonic()
+        if self._slots_stale or now - self._slots_at > 5.0:
+            self._slots_stale = False  # first: an event during the question marks it stale again
+            self.slots = self.gpu_workers()
+            self._slots_at = now
+
+    def _result(self, fut: Any) -> Any:
+        """A finished task's value; ClusterLost when the scheduler is gone, KilledWorker for a poison pill,
+        ClusterError (one line) for anything else a worker raised."""
         from distributed.client import FutureCancelledError
 
-        if value is not None and fut.status == "finished":
-            return value
         try:
             return fut.result()
         except FutureCancelledError:
@@ -607,30 +676,43 @@ class ClusterEvaluator(Evaluator):
             raise ClusterError(f"--cluster {self.address}: a worker failed: {type(exc).__name__}: "
                                f"{_one_line(exc)}") from None
 
-    def _build_result(self, fut: Any, value: Any) -> dict[str, Any] | None:
+    def _build_result(self, fut: Any) -> dict[str, Any] | None:
         from distributed.scheduler import KilledWorker
 
         try:
-            return self._result(fut, value)
+            return self._result(fut)
         except KilledWorker as exc:
             return {"status": "build_error", "reason": f"its build killed {ALLOWED_FAILURES + 1} cluster workers "
                                                       f"(last {_worker_of(exc)})", "metrics": {}}
 
-    def _measure_result(self, fut: Any, value: Any) -> Measurement:
+    def _measure_results(self, futures: list[Any]) -> list[Measurement]:
+        """The measurements of finished measuring tasks, fetched together (one round trip)."""
         from distributed.scheduler import KilledWorker
 
-        try:
-            r = self._result(fut, value)
-        except KilledWorker as exc:
-            return Measurement("runtime_error", f"poison pill: {ALLOWED_FAILURES + 1} cluster workers died while "
-                                                f"measuring it (last {_worker_of(exc)})")
-        self.busy_s += float(r.get("busy_s", 0.0))
-        return Measurement(r["status"], r["reason"], r["metrics"])
+        ok = [f for f in futures if f.status == "finished"]
+        values: dict[Any, Any] = {}
+        if ok:
+            try:
+                values = dict(zip(ok, self.client.gather(ok)))
+            except Exception:  # one of them went missing meanwhile: ask one by one, which says why
+                values = {}
+        out = []
+        for f in futures:
+            try:
+                r = values[f] if f in values else self._result(f)
+            except KilledWorker as exc:
+                out.append(Measurement("runtime_error", f"poison pill: {ALLOWED_FAILURES + 1} cluster workers died "
+                                                        f"while measuring it (last {_worker_of(exc)})"))
+                continue
+            self.busy_s += float(r.get("busy_s", 0.0))
+            out.append(Measurement(r["status"], r["reason"], r["metrics"]))
+        return out
 
     def close(self) -> None:
-        for f in self._prefetched.values():
+        for f in [*self._prefetched.values(), *self._ahead.values()]:
             f.cancel()
         self._prefetched.clear()
+        self._ahead.clear()
         try:
             self.client.close(timeout=10)
         except Exception:  # a lost scheduler: nothing left to close

@@ -420,7 +420,7 @@ class GeneticSearch:
         is measured: a guess made as if that generation's results changed nothing (the neighbours of the best so
         far, children of the current elites). The RNG is put back, so the real breeding draws exactly as without
         the guess; a guessed child that is bred for real finds its build in the cache."""
-        if not self.runner.wants_prefetch:
+        if not self.runner.wants_prefetch(certain=False):
             return
         state = self.rng.getstate()
         try:
