@@ -315,6 +315,35 @@ def test_kill_9_of_the_search_then_resume_ends_like_an_uninterrupted_run(toy_dir
     assert doc["elites"] == ref["elites"] and doc["run_status"] == "finished"
 
 
+def test_a_run_started_without_a_cluster_resumes_on_one_with_a_grown_default_population(toy_dir: Path, monkeypatch,
+                                                                                       capsys):
+    """`resume --cluster local` measures an interrupted plain run's remaining candidates on a cluster (same set as an
+    uninterrupted run); and a new GA search on 4 workers without --population gets 15 (3 elites + 3 x 4)."""
+    env = _env(EVOENGINEER_REPLAY_DELAY_S="0.05")
+    common = ["--strategy", "random", "--budget", "30", "--population", "6", "--seed", "8"]
+    proc = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", "--space", "toy_space.toml",
+                             "--landscape", "landscape.csv", "--db", "sqlite:///r.db", "--out", "r.json", "--quiet",
+                             *common], cwd=toy_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: stored_count(toy_dir / "r.db") >= 8, 120, "8 stored evaluations", proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    monkeypatch.chdir(toy_dir)
+    assert main(["resume", "--db", "sqlite:///r.db", "--quiet", "--cluster", "local", "--cluster-workers", "2"]) == 0
+    assert _search("--db", "sqlite:///ref.db", "--out", "ref.json", *common) == 0
+    assert _stored(toy_dir / "r.db") == _stored(toy_dir / "ref.db")
+    capsys.readouterr()
+    assert main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///g.db",
+                 "--out", "g.json", "--budget", "20", "--cluster", "local", "--cluster-workers", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "population 15 for 4 GPU worker(s)" in err and "GPU busy" in err
+    store = Store("sqlite:///g.db")
+    try:
+        (run,) = store.runs()
+        assert run.config["population"] == 15 and run.config["cluster"]["workers"] == 4
+    finally:
+        store.close()
+
+
 def _scheduler(port: int, env: dict, *tls: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                              str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *tls], env=env, stdout=subprocess.DEVNULL,
