@@ -345,9 +345,10 @@ def test_a_run_started_without_a_cluster_resumes_on_one_with_a_grown_default_pop
 
 
 def _scheduler(port: int, env: dict, *tls: str) -> subprocess.Popen:
+    """`dask scheduler` on 127.0.0.1 (its HTTP endpoint too), as the README starts it."""
     return subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
-                             str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *tls], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                             str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *tls], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _workers(address: str, env: dict, n: int, *tls: str) -> subprocess.Popen:

@@ -12,11 +12,12 @@ measured on a host whose toolchain built it.
 
 Flow. The search process stays the only writer of the store: it submits build tasks for a batch at once, measuring
 tasks as GPU workers free up (never more in flight than GPU workers alive, so a worker holds no queued candidate
-that its death would wrongly implicate), and hands each result on the moment it arrives (``as_completed``). Builds of
-the next batch may be prefetched while this one is measured (`prefetch`). A Dask worker killed mid-candidate has its
-task re-run elsewhere by the scheduler; a candidate whose task was running on two workers that died is a poison pill
-(the scheduler's ``allowed-failures`` = 1, set on an external scheduler too) and is recorded as `runtime_error`.
-A lost scheduler raises ClusterLost: the driver stops the run cleanly, resumable.
+that its death would wrongly implicate), and hands each result on the moment it arrives (``as_completed``). The
+next batch's builds may start while this one is measured, and a next batch that is certain (random, grid) is
+measured on GPU workers this one leaves idle, its results held until that batch asks for them (`prefetch`). A Dask
+worker killed mid-candidate has its task re-run elsewhere by the scheduler; a candidate whose task was running on
+two workers that died is a poison pill (the scheduler's ``allowed-failures`` = 1, set on an external scheduler too)
+and is recorded as `runtime_error`. A lost scheduler raises ClusterLost: the driver stops the run, resumable.
 
 Security. A Dask scheduler runs whatever code a connected client or worker sends. The local cluster listens on
 127.0.0.1 only; any other address must be reached over TLS (certificates: README, "Scaling out"): a plain-TCP
@@ -365,8 +366,7 @@ def _toolchain_key(ev: Evaluator) -> str:
 
 def _allowed_failures_setter() -> Callable[..., int]:
     """A function for Client.run_on_scheduler setting the scheduler's allowed failures (a task may be running on
-    at most that many workers that die; then KilledWorker). Made here so that it travels by value: a stock
-    `dask scheduler` need not have evoengineer installed."""
+    at most that many workers that die; then KilledWorker). A closure, so it travels by value."""
 
     def set_allowed_failures(n: int, dask_scheduler: Any = None) -> int:
         dask_scheduler.allowed_failures = n
@@ -410,8 +410,14 @@ class ClusterEvaluator(Evaluator):
             layout = host_layout(gpus=visible_gpus()[:workers] if real and workers else None,
                                  simulate=None if real else (workers or max(1, len(visible_gpus()))),
                                  build_jobs=build_jobs, builds=self.builds, cache_dir=extras.get("cache_dir"))
-            self._cluster = _start_local_cluster(layout)
-            self.client = Client(self._cluster)
+            try:
+                self._cluster = _start_local_cluster(layout)
+                self.client = Client(self._cluster)
+            except Exception as exc:
+                if self._cluster is not None:
+                    self._cluster.close()
+                raise UserError(f"--cluster local: the cluster did not start ({type(exc).__name__}: "
+                                f"{_one_line(exc)})") from None
         else:
             extras.pop("cache_dir", None)  # another host's workers use their own build cache
             try:
@@ -434,8 +440,7 @@ class ClusterEvaluator(Evaluator):
         self.client.subscribe_topic("all", self._on_event)  # workers joining and leaving
         if self.builds and not self._build_slots():
             self.builds = False  # no build worker: each GPU worker compiles what it measures
-        self.busy_s = 0.0
-        self.retried = 0  # measurements run again after their worker died
+        self.busy_s = 0.0  # time the GPU workers spent on this search's candidates
 
     # ---- cluster state ------------------------------------------------------------------------------------------
     def _workers(self) -> dict[str, Any]:

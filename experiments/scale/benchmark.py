@@ -8,7 +8,7 @@ T(1) / (W x T(W)), the busy share of the workers (simulated measuring time / (wa
 set and the elites are those of the same search without a cluster (and so the same for every W).
 
     python experiments/scale/benchmark.py                         # delay 0.25 s, workers 1 2 4 8, random grid ga
-    python experiments/scale/benchmark.py --delay 0.1 --workers 1 8 --strategies ga --tag short
+    python experiments/scale/benchmark.py --delay 0.1 --workers 1 8 --strategies ga --ga-population 35 --tag ga35
 
 Writes experiments/scale/results/benchmark[_TAG].json and .md.
 """
@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=0.25, help="seconds per simulated measurement (default 0.25)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--strategies", nargs="+", default=["random", "grid", "ga"], choices=sorted(SETTINGS))
+    ap.add_argument("--ga-population", type=int, help="the GA's population instead of 19 (3 elites + children)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
+    if a.ga_population:
+        SETTINGS["ga"] = {**SETTINGS["ga"], "population": a.ga_population}
     RESULTS.mkdir(parents=True, exist_ok=True)
     space = load_space(SPACE)
     with ReplayEvaluator(LANDSCAPE, space) as ev:
