@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=_positive_int, help="most distinct evaluations")
     s.add_argument("--build-jobs", type=_positive_int, help="parallel builds (default: CPU cores)")
     s.add_argument("--cache-dir", help="build cache (default $EVOENGINEER_CACHE or ~/.cache/evoengineer)")
+    _cluster_args(s)
     s.add_argument("--force", action="store_true", help="overwrite --out even if it holds another space's elites")
     s.add_argument("--quiet", action="store_true")
 
@@ -76,7 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--from-scratch", action="store_true",
                    help="ignore the run's checkpoints (e.g. a damaged one): propose again from generation 0; "
                         "stored measurements are reused, not repeated")
+    _cluster_args(r, resume=True)
     r.add_argument("--quiet", action="store_true")
+
+    w = sub.add_parser("worker", help="serve this host's GPUs (and build slots) to a Dask scheduler")
+    w.add_argument("--scheduler", required=True, help="tcp://127.0.0.1:PORT, or tls://HOST:PORT with the --tls-* "
+                                                      "options")
+    w.add_argument("--gpus", help="comma-separated CUDA_VISIBLE_DEVICES values, one GPU worker each (default: "
+                                  "every visible GPU)")
+    w.add_argument("--simulate", type=_positive_int, metavar="N",
+                   help="N GPU workers without a device instead (replays, CPU spaces, tests)")
+    w.add_argument("--build-jobs", type=_positive_int, help="build slots (default: the cores left over by the GPU "
+                                                            "workers; 0: none)")
+    w.add_argument("--cache-dir", help="build cache of these workers (default $EVOENGINEER_CACHE or "
+                                       "~/.cache/evoengineer)")
+    w.add_argument("--name", help="worker name prefix (default: the host name)")
+    _tls_args(w)
 
     i = sub.add_parser("inspect", help="show an elite.json")
     i.add_argument("file")
@@ -109,6 +125,57 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _tls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca-file", help="CA certificate (PEM) for a tls:// scheduler")
+    p.add_argument("--tls-cert", help="this side's certificate (PEM) for a tls:// scheduler")
+    p.add_argument("--tls-key", help="this side's private key (PEM) for a tls:// scheduler")
+
+
+def _cluster_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
+    p.add_argument("--cluster", help=("measure on this Dask cluster instead of the run's: " if resume else
+                                      "measure on a Dask cluster: ") +
+                   "'local' (a worker per GPU of this host, build slots on the other cores), tcp://127.0.0.1:PORT or "
+                   "tls://HOST:PORT (an existing scheduler; start workers with `python -m evoengineer worker`)")
+    p.add_argument("--cluster-workers", type=_positive_int, metavar="N",
+                   help="with --cluster local: GPU workers to start (default: one per GPU; without a GPU, for "
+                        "replays and CPU spaces: N simulated ones, default 1)")
+    _tls_args(p)
+
+
+def _cluster_options(a: argparse.Namespace, *, required: bool = True):
+    """ClusterOptions from --cluster and friends; None without --cluster (the other options then refused)."""
+    from evoengineer.evaluators.cluster import ClusterOptions, TLSFiles, check_address
+
+    tls = TLSFiles.from_options(a.tls_ca_file, a.tls_cert, a.tls_key)
+    if a.cluster is None:
+        if a.cluster_workers is not None or tls is not None:
+            raise UserError("--cluster-workers and --tls-* go with --cluster")
+        return None
+    if a.cluster_workers is not None and a.cluster != "local":
+        raise UserError("--cluster-workers: only with --cluster local (an external scheduler has its own workers)")
+    if a.cluster_workers == 0:
+        raise UserError("--cluster-workers: must be at least 1")
+    check_address(a.cluster, tls)  # refused before anything starts or connects
+    return ClusterOptions(address=a.cluster, workers=a.cluster_workers, tls=tls)
+
+
+def cmd_worker(a: argparse.Namespace) -> int:
+    from evoengineer.evaluators.cluster import TLSFiles, check_address, host_layout, serve_workers
+
+    tls = TLSFiles.from_options(a.tls_ca_file, a.tls_cert, a.tls_key)
+    check_address(a.scheduler, tls, option="--scheduler")
+    if a.gpus is not None and a.simulate:
+        raise UserError("--gpus and --simulate: one or the other")
+    gpus = [g.strip() for g in a.gpus.split(",") if g.strip()] if a.gpus is not None else None
+    if gpus is not None and not gpus:
+        raise UserError("--gpus: no GPU named")
+    cache = str(Path(a.cache_dir).expanduser().resolve()) if a.cache_dir else None
+    layout = host_layout(gpus=gpus, simulate=a.simulate, build_jobs=a.build_jobs, builds=a.build_jobs != 0,
+                         cache_dir=cache, what="worker")
+    return serve_workers(a.scheduler, layout, tls, name=a.name,
+                         announce=lambda text: print(text, file=sys.stderr, flush=True))
+
+
 def cmd_search(a: argparse.Namespace) -> int:
     from evoengineer.search.driver import start_search
     from evoengineer.space.spec import resolve_space_arg
@@ -117,14 +184,15 @@ def cmd_search(a: argparse.Namespace) -> int:
     return start_search(space_path=space, db=a.db, out=a.out, landscape=a.landscape, strategy=a.strategy,
                         sampler=a.sampler,
                         force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
-                        seed=a.seed, population=a.population,
+                        cluster=_cluster_options(a), seed=a.seed, population=a.population,
                         generations=a.generations, elite=a.elite, budget=a.budget)
 
 
 def cmd_resume(a: argparse.Namespace) -> int:
     from evoengineer.search.driver import resume_search
 
-    return resume_search(db=a.db, run_id=a.run, quiet=a.quiet, from_scratch=a.from_scratch)
+    return resume_search(db=a.db, run_id=a.run, quiet=a.quiet, from_scratch=a.from_scratch,
+                         cluster=_cluster_options(a))
 
 
 def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str) -> int:
@@ -258,7 +326,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
             "spaces": cmd_spaces, "landscape": cmd_landscape, "report": cmd_report,
-            "export": cmd_export}
+            "export": cmd_export, "worker": cmd_worker}
 
 
 def main(argv: list[str] | None = None) -> int:

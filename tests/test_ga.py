@@ -295,6 +295,26 @@ def test_same_seed_same_result_different_seed_differs(toy: Path, tmp_path: Path)
     assert set(a.evaluator.calls) != set(c.evaluator.calls)
 
 
+def test_the_ga_draws_from_its_own_rng_only(toy: Path, tmp_path: Path, monkeypatch):
+    """Whatever else in the process draws from the global RNG (Dask's client does, on every submit), the GA's
+    draws stay the same; and the GA never moves the global RNG itself."""
+    kw = dict(seed=5, population=10, generations=8, elite=3, budget=70)
+    random.seed(99)
+    before = random.getstate()
+    a = toy_run(toy, tmp_path / "a", **kw)
+    assert random.getstate() == before
+    plain = ReplayEvaluator.evaluate
+
+    def eat_then_evaluate(self, candidate):
+        random.getrandbits(64)
+        return plain(self, candidate)
+
+    monkeypatch.setattr(ReplayEvaluator, "evaluate", eat_then_evaluate)
+    b = toy_run(toy, tmp_path / "b", **kw)
+    assert random.getstate() != before  # the evaluator did draw from it
+    assert a.evaluator.calls == b.evaluator.calls and a.checkpoints == b.checkpoints
+
+
 # ---- operators ------------------------------------------------------------------------------------------------------
 def test_mutation_always_changes_a_gene(tmp_path: Path):
     (tmp_path / "m.j2").write_text("x")

@@ -11,6 +11,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -76,6 +77,8 @@ class Builder:
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         self._binding: dict[str, Any] | None = None
+        # submit may be called from several threads (a Dask build worker runs one build task per thread)
+        self._lock = threading.RLock()
 
     # ---- keys and cache -------------------------------------------------------------------------------------------
     def _binding_key(self) -> str:
@@ -106,7 +109,7 @@ class Builder:
     def _save(self, candidate: Candidate, result: BuildResult) -> None:
         d = self.candidate_dir(candidate)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / "meta.json.tmp"
+        tmp = d / f"meta.json.{os.getpid()}.{threading.get_ident()}.tmp"  # several processes may save one build
         tmp.write_text(json.dumps({"status": result.status, "reason": result.reason, "so": result.so,
                                    "module": result.module, "build_s": result.build_s, "metrics": result.metrics,
                                    "candidate": candidate.hash}))
@@ -116,22 +119,28 @@ class Builder:
 
     # ---- processes ------------------------------------------------------------------------------------------------
     def _executor(self) -> ProcessPoolExecutor:
-        if self._pool_broken:
-            self._restart_pool()
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
-                                             initializer=steps.builder_init)
-        return self._pool
+        with self._lock:
+            if self._pool_broken:
+                self._restart_pool()
+            if self._pool is None:
+                ctx = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
+                                                 initializer=steps.builder_init)
+            return self._pool
 
     def _restart_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
-        self._pool_broken = False
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self._pool_broken = False
 
     def binding(self) -> dict[str, Any]:
         """Build (or find) the family binding; its cost is paid once, never per candidate."""
+        with self._lock:
+            return self._find_binding()
+
+    def _find_binding(self) -> dict[str, Any]:
         if self._binding is None:
             key = self._binding_key()
             name = f"evo_binding_{key}"
@@ -139,7 +148,9 @@ class Builder:
                    "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
                    "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
             so = Path(job["dir"]) / f"{name}.so"
-            if so.exists():
+            with steps.dir_lock(Path(job["dir"])):  # another process may be linking it right now
+                found = so.exists()
+            if found:
                 self._binding = {"status": "ok", "so": str(so), "build_s": 0.0}
             else:
                 try:

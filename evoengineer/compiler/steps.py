@@ -5,11 +5,14 @@ Functions here take and return plain dicts so they cross process boundaries with
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import re
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,29 @@ def _first_error(text: str) -> str:
     return lines[-1].strip()[:300] if lines else "unknown build failure"
 
 
+@contextlib.contextmanager
+def dir_lock(out_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on one build folder: processes sharing a cache (the builders of several Dask workers
+    of one host) never write the same folder at once; the second finds the first one's outputs up to date."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f"{out_dir.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Rewrite a source only when it changed: a new mtime would make ninja rebuild what is up to date."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    path.write_text(text)
+
+
 def _set_arch(job: dict[str, Any]) -> None:
     """cpp_extension picks CUDA targets from TORCH_CUDA_ARCH_LIST: pin it to the space's arch (sm_90 -> 9.0)."""
     from evoengineer.ops.runtime import arch_list
@@ -56,6 +82,11 @@ def _set_arch(job: dict[str, Any]) -> None:
 
 def build_binding(job: dict[str, Any]) -> dict[str, Any]:
     """Compile the family binding into a shared library (once per family and toolchain)."""
+    with dir_lock(Path(job["dir"])):
+        return _build_binding(job)
+
+
+def _build_binding(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
 
     _set_arch(job)
@@ -79,6 +110,11 @@ def build_binding(job: dict[str, Any]) -> dict[str, Any]:
 
 def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     """Compile and link one candidate; import it once to prove it loads. Returns status, reason, log, build_s."""
+    with dir_lock(Path(job["dir"])):
+        return _build_candidate(job)
+
+
+def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
 
     from evoengineer.compiler.gate import check_gates, ptxas_gate
@@ -88,7 +124,7 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     name, entry = job["name"], job["entry"]
     kernel = out_dir / f"kernel{job['suffix']}"
-    kernel.write_text(job["source"])
+    _write_if_changed(kernel, job["source"])
     metrics: dict[str, Any] = {}
     t0 = time.perf_counter()
     if job.get("gate") is not None:  # CUDA: ptxas report first, a second instead of a full build
@@ -102,7 +138,7 @@ def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
             return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": gate.get("log", ""),
                     "build_s": time.perf_counter() - t0}
     shim = out_dir / "shim.cpp"
-    shim.write_text(shim_source(name, entry, job["signature"]))
+    _write_if_changed(shim, shim_source(name, entry, job["signature"]))
     binding_dir = str(Path(job["binding_so"]).parent)
     ldflags = [*job.get("ldflags", []), f"-L{binding_dir}", f"-l:{Path(job['binding_so']).name}",
                f"-Wl,-rpath,{binding_dir}", "-Wl,--no-undefined"]
@@ -150,8 +186,20 @@ def safe(fn, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def builder_init() -> None:
-    """Builder processes ignore Ctrl-C (the parent handles it) and keep ninja's parallelism modest."""
+    """Builder processes ignore Ctrl-C (the parent handles it), keep ninja's parallelism modest, and leave when
+    their parent is gone (a pool's processes would otherwise wait for work forever, e.g. under a Dask worker that
+    was killed)."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MAX_JOBS", "1")
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="evoengineer-parent-watch", daemon=True).start()

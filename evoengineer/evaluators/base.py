@@ -60,6 +60,26 @@ class Evaluator(ABC):
         for c in candidates:
             yield c, self.evaluate(c)
 
+    def wants_prefetch(self, certain: bool) -> bool:
+        """Whether `prefetch` would do anything with such a hint (so callers can skip making candidates for it)."""
+        return False
+
+    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
+        """A hint: these candidates may be asked for next (`certain`: they will be, unless the search stops). Start
+        what can start early: builds; with `certain`, also measurements on idle devices, whose results wait here
+        for the call that asks for them (only what is asked for is ever recorded). A later hint replaces this one.
+        Default: ignored."""
+
+    def build(self, candidate: Candidate) -> dict[str, Any] | None:
+        """Prepare a candidate away from the measuring device (compile it into the build cache): its build summary
+        (status, reason, metrics, build_s, cached), or None when this evaluator has nothing to prepare."""
+        return None
+
+    def utilization(self) -> tuple[float, int] | None:
+        """(seconds the measuring devices were busy so far, number of devices), for the progress line's busy
+        share; None when this evaluator does not say."""
+        return None
+
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """Certify candidates that measured ok under a dynamic checker before they are published as elites: per hash
         {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.replay import ReplayEvaluator
 from evoengineer.space.spec import SearchSpace
+
+if TYPE_CHECKING:
+    from evoengineer.evaluators.cluster import ClusterOptions
 
 
 def replay_delay() -> float:
@@ -46,16 +49,59 @@ def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str
 
 
 def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, seed: int = 0,
-                         build_jobs: int | None = None, cache_dir: str | None = None) -> Evaluator:
-    """A replay evaluator when a landscape is given, else real builds and runs for the space's backend."""
+                         build_jobs: int | None = None, cache_dir: str | None = None,
+                         cluster: "ClusterOptions | None" = None) -> Evaluator:
+    """A replay evaluator when a landscape is given, else real builds and runs for the space's backend; with
+    `cluster`, that evaluator runs on the workers of a Dask cluster (evaluators/cluster.py)."""
+    if cluster is not None:
+        if landscape is not None:
+            with ReplayEvaluator(landscape, space) as ev:  # checked here, before anything starts
+                inner = ev.describe()
+        else:
+            inner = _local_description(space, seed, build_jobs, cache_dir)
+        return _on_cluster(space, inner, cluster)
     if landscape is not None:
         return ReplayEvaluator(landscape, space, delay_s=replay_delay(), log_path=replay_log())
     return _local(space, seed, build_jobs, cache_dir)
 
 
-def evaluator_for_resume(space: SearchSpace, described: dict[str, Any]) -> Evaluator:
-    """Rebuild the evaluator a run started with; refuse if its inputs changed since."""
+def _local_description(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> dict:
+    """What LocalEvaluator.describe() says, made without needing a GPU here (the cluster's workers measure)."""
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    with LocalEvaluator(space, seed=seed, build_jobs=build_jobs, cache_dir=cache_dir) as ev:
+        d = ev.describe()
+    d["cache_dir"] = str(Path(d["cache_dir"]).expanduser().resolve())
+    return d
+
+
+def _on_cluster(space: SearchSpace, inner: dict[str, Any], cluster: "ClusterOptions") -> Evaluator:
+    from evoengineer.evaluators.cluster import ClusterEvaluator
+
+    extras: dict[str, Any] = {}
+    if inner["kind"] == "replay":
+        extras = {"delay_s": replay_delay(), "log_path": str(Path(replay_log()).resolve()) if replay_log() else None}
+    elif inner["kind"] == "local":
+        extras = {"cache_dir": inner["cache_dir"]}
+    return ClusterEvaluator(space, inner, address=cluster.address, workers=cluster.workers,
+                            build_jobs=cluster.build_jobs, tls=cluster.tls,
+                            extras=extras)
+
+
+def evaluator_for_resume(space: SearchSpace, described: dict[str, Any],
+                         cluster: "ClusterOptions | None" = None) -> Evaluator:
+    """Rebuild the evaluator a run started with; refuse if its inputs changed since. With `cluster` (a run that
+    used one, or a new one given to `resume`), the same evaluator runs on that cluster's workers."""
     kind = described.get("kind")
+    if kind == "dask" or cluster is not None:
+        inner = described["inner"] if kind == "dask" else described
+        if cluster is None:
+            raise UserError("the run evaluated on a Dask cluster, and its cluster settings are missing")
+        if inner.get("kind") == "replay":  # its landscape is still there and unchanged
+            evaluator_for_resume(space, inner).close()
+        elif inner.get("kind") != "local":
+            raise UserError(f"run's evaluator {inner.get('kind')!r} cannot run on a cluster")
+        return _on_cluster(space, inner, cluster)
     if kind == "replay":
         path = described["landscape"]
         if not Path(path).exists():

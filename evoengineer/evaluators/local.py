@@ -149,6 +149,7 @@ class LocalEvaluator(Evaluator):
                                signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs)
         self.worker: WorkerProcess | None = None
         self.workers_started = 0
+        self.busy_s = 0.0  # time the device spent on candidates (checks, timing, baselines), for the busy share
         self._baseline_builds: list[dict[str, str]] | None = None
 
     def _baselines(self) -> list[dict[str, str]]:
@@ -185,6 +186,7 @@ class LocalEvaluator(Evaluator):
     def measure(self, candidate: Candidate, build: BuildResult) -> Measurement:
         """Check and time a built candidate in the worker; a hang or crash costs only the worker."""
         extra = {**build.metrics, "build_s": build.build_s, "build_cached": build.cached}
+        t_start = time.perf_counter()  # the device is this candidate's from here (a fresh worker's start-up too)
         try:
             worker = self._worker()
             t0 = time.perf_counter()
@@ -192,14 +194,27 @@ class LocalEvaluator(Evaluator):
                                    float(self.settings["timeout_s"]))
             extra["measure_s"] = round(time.perf_counter() - t0, 4)  # checks, timing and baselines in the worker
         except WorkerFailure as f:
+            self.busy_s += time.perf_counter() - t_start
             if self.worker is not None:
                 self.worker.kill()
                 self.worker = None
             return Measurement(f.status, f.reason, extra)
+        self.busy_s += time.perf_counter() - t_start
         if reply.get("fatal") and self.worker is not None:
             self.worker.kill()
             self.worker = None
         return Measurement(reply["status"], reply.get("reason", ""), {**reply.get("metrics", {}), **extra})
+
+    def build(self, candidate: Candidate) -> dict[str, Any]:
+        """Compile into the build cache (one retry when a builder process died, as in evaluate_many)."""
+        b = self.builder.submit(candidate).result()
+        if b.retry:
+            b = self.builder.submit(candidate).result()
+        return {"status": b.status, "reason": b.reason, "metrics": dict(b.metrics), "build_s": b.build_s,
+                "cached": b.cached}
+
+    def utilization(self) -> tuple[float, int]:
+        return self.busy_s, 1
 
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """CUDA: run the (cached) builds under compute-sanitizer's tools from the space's `sanitizer` setting."""

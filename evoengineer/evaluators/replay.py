@@ -128,8 +128,12 @@ class ReplayEvaluator(Evaluator):
         self.space = space
         self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
         self.log_path = Path(log_path) if log_path else None  # audit trail: one line per measurement asked for
+        self.busy_s = 0.0  # simulated device time spent
         if check:
             self.landscape.check_covers()
+
+    def utilization(self) -> tuple[float, int]:
+        return self.busy_s, 1
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "landscape": str(self.landscape.path), "landscape_sha256": self.landscape.sha256}
@@ -137,6 +141,7 @@ class ReplayEvaluator(Evaluator):
     def evaluate(self, candidate: Candidate) -> Measurement:
         if self.delay_s > 0:
             time.sleep(self.delay_s)
+            self.busy_s += self.delay_s
         m = self.landscape.lookup(candidate.params)
         if self.log_path is not None:
             with open(self.log_path, "a") as f:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import shlex
 import signal
 import sys
@@ -18,6 +20,7 @@ from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, template_sha256
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator
+from evoengineer.evaluators.cluster import ClusterEvaluator, ClusterLost, ClusterOptions
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
 from evoengineer.fingerprint import machine_fingerprint
 from evoengineer.search import SAMPLERS, STRATEGIES
@@ -69,14 +72,26 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
     return SearchSettings(strategy=strategy, sampler=sampler, **values)
 
 
+def cluster_population(strategy: str, population: int, elite: int, gpu_workers: int) -> int:
+    """The default population on a cluster of `gpu_workers`: at least `population` and 1.5 x the workers, with the
+    candidates of a generation (a GA's children: population - elite) a multiple of the workers, so no generation ends
+    with a partly idle round. 12 on one worker, as without a cluster."""
+    carried = elite if strategy == "ga" else 0
+    w = max(1, gpu_workers)
+    want = max(population, math.ceil(1.5 * w)) - carried
+    return carried + w * math.ceil(want / w)
+
+
 def resume_command(url: str, run_id: int) -> str:
     return f"python -m evoengineer resume --db {shlex.quote(url)} --run {run_id}"
 
 
 def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "elite.json",
                  landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
-                 build_jobs: int | None = None, cache_dir: str | None = None, **settings: Any) -> int:
-    """Validate everything, create the run, search. Returns the process exit code."""
+                 build_jobs: int | None = None, cache_dir: str | None = None,
+                 cluster: ClusterOptions | None = None, **settings: Any) -> int:
+    """Validate everything, create the run, search. Returns the process exit code. With `cluster`, candidates are
+    measured on a Dask cluster's GPU workers (evaluators/cluster.py)."""
     space_path = Path(space_path).resolve()  # resume may run from another directory
     space = load_space(space_path)
     s = settings_from(space, strategy, **settings)
@@ -90,26 +105,52 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
               "screen, not for a search", file=sys.stderr)
     if landscape is not None:
         landscape = str(Path(landscape).resolve())
+    if cluster is not None and cluster.address == "local" and build_jobs is not None:
+        cluster = dataclasses.replace(cluster, build_jobs=build_jobs)  # a local cluster's build slots
     evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,
-                                     cache_dir=cache_dir)
-    store = open_store(db, create=True)
-    fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
-    config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}
-    run_id = store.create_run(space_name=space.name, space_path=str(space_path), space_text=space.text,
-                              template=space.template, template_sha256=template_sha256(space), config=config,
-                              seed=s.seed, fingerprint=fingerprint)
-    run = store.get_run(run_id)
-    token = _lease(store, run.id)
+                                     cache_dir=cache_dir, cluster=cluster)
+    try:
+        if isinstance(evaluator, ClusterEvaluator) and settings.get("population") is None \
+                and "population" not in space.search:
+            _size_for_cluster(s, space, evaluator.slots, quiet)
+        fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
+        store = open_store(db, create=True)
+        config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}
+        if cluster is not None:
+            config["cluster"] = cluster.to_dict()
+        run_id = store.create_run(space_name=space.name, space_path=str(space_path), space_text=space.text,
+                                  template=space.template, template_sha256=template_sha256(space), config=config,
+                                  seed=s.seed, fingerprint=fingerprint)
+        run = store.get_run(run_id)
+        token = _lease(store, run.id)
+    except BaseException:
+        evaluator.close()  # a local cluster's worker processes go with it
+        raise
     if not quiet:
         what = s.strategy + (f" ({s.sampler} sampler)" if s.sampler else "")
+        where = f" on {evaluator.where} ({evaluator.slots} GPU workers)" if isinstance(evaluator, ClusterEvaluator) \
+            else ""
         print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
-              f"strategy {what}, evaluator {evaluator.kind}, store {db}", file=sys.stderr)
+              f"strategy {what}, evaluator {evaluator.kind}{where}, store {db}", file=sys.stderr)
     return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet, token=token)
 
 
+def _size_for_cluster(s: SearchSettings, space: SearchSpace, gpu_workers: int, quiet: bool) -> None:
+    """Grow the default population to the cluster (cluster_population), within the space and the budget."""
+    p = cluster_population(s.strategy, s.population, s.elite, gpu_workers)
+    if s.strategy == "ga":
+        p = min(p, space.count_valid(), s.budget or p)
+    if p > s.population:
+        if not quiet:
+            print(f"population {p} for {gpu_workers} GPU worker(s) (the default {s.population} would leave workers "
+                  "idle; --population sets it)", file=sys.stderr)
+        s.population = p
+
+
 def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bool = False,
-                  from_scratch: bool = False) -> int:
-    """Continue an unfinished run from its newest checkpoint; nothing measured is measured again."""
+                  from_scratch: bool = False, cluster: ClusterOptions | None = None) -> int:
+    """Continue an unfinished run from its newest checkpoint; nothing measured is measured again. `cluster`
+    measures on that cluster instead of the one the run used (the evaluator itself stays the run's)."""
     store = open_store(db, create=False)
     if run_id is None:
         run = store.latest_unfinished_run()
@@ -124,7 +165,7 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
             raise UserError(f"--run {run_id}: run already finished ({run.stop_reason})")
     token = _lease(store, run.id)  # one process drives a run: a second resume stops here
     try:
-        return _resume(store, run, token, quiet, from_scratch)
+        return _resume(store, run, token, quiet, from_scratch, cluster)
     except BaseException:
         store.release_lease(run.id, token)
         raise
@@ -137,7 +178,8 @@ def _lease(store: Store, run_id: int) -> str:
         raise UserError(str(exc)) from None
 
 
-def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool) -> int:
+def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool,
+            cluster: ClusterOptions | None) -> int:
     space = SearchSpace.from_text(run.space_text, run.space_path)
     if template_sha256(space) != run.template_sha256:
         raise UserError(f"{space.template_path}: template changed since run {run.id} started; "
@@ -151,7 +193,18 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: b
         make_sampler(s.sampler or "tpe", seed=s.seed, population=s.population)
     out = Path(cfg["out"])
     elite_json.check_writable(out, space.name)
-    evaluator = evaluator_for_resume(space, cfg["evaluator"])
+    if cluster is None and cfg.get("cluster"):
+        cluster = ClusterOptions.from_dict(cfg["cluster"])
+    evaluator = evaluator_for_resume(space, cfg["evaluator"], cluster)
+    try:
+        return _resume_with(store, run, token, quiet, from_scratch, space, s, out, evaluator)
+    except BaseException:
+        evaluator.close()
+        raise
+
+
+def _resume_with(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool, space: SearchSpace,
+                 s: SearchSettings, out: Path, evaluator: Evaluator) -> int:
     checkpoint = None
     if not from_scratch:
         try:
@@ -249,9 +302,11 @@ def _first_line(exc: BaseException) -> str:
 
 def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
            state: dict[str, Any] | None, quiet: bool, token: str, claim: elite_json.OutClaim) -> int:
-    observers = [] if quiet else [ProgressPrinter()]
+    printer = None if quiet else ProgressPrinter()
     runner = Runner(space=space, evaluator=evaluator, store=store, run=run, settings=s, out=out,
-                    observers=observers)
+                    observers=[printer] if printer else [])
+    if printer is not None:
+        printer.start(runner)
     strategy = STRATEGIES[s.strategy](runner)
     try:
         with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token, claim):
@@ -267,6 +322,12 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
     except LeaseLost as exc:  # the run is someone else's now: write nothing more
         print(str(exc), file=sys.stderr)
         return 1
+    except ClusterLost as exc:  # the scheduler is gone: what finished is stored, the rest is asked again on resume
+        store.set_run_status(run.id, "interrupted", str(exc))
+        print(f"error: run {run.id} stopped: {exc}; {runner.evaluations} evaluations are stored; once the "
+              f"scheduler is back, resume with: {resume_command(store.url, run.id)} (--cluster ADDRESS for "
+              "another)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         store.set_run_status(run.id, "interrupted", "interrupted by user")
         print(f"\ninterrupted: {runner.evaluations} evaluations are stored. Resume with:\n  "

@@ -1,8 +1,11 @@
 """Genetic algorithm over a space (DEAP), with the K best valid individuals carried into every generation.
 
-Determinism: all randomness comes from Python's `random` module, seeded from the run's seed; a checkpoint after
-every generation holds the population, the hall of fame, the logbook and the RNG state (JSON, no pickle). Resuming
-replays the interrupted generation from that state, so the evaluated set and the elites equal an uninterrupted run.
+Determinism: all randomness comes from one private `random.Random` per search, seeded from the run's seed (never
+the global `random` module: other code in the process, e.g. Dask's client, draws from that); the operators that DEAP
+would take from its module-level `random` (uniform crossover, tournament selection) are here with an `rng` argument,
+drawing exactly as DEAP's do. A checkpoint after every generation holds the population, the hall of fame, the logbook
+and the RNG state (JSON, no pickle). Resuming replays the interrupted generation from that state, so the evaluated
+set and the elites equal an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,11 +62,28 @@ class GAParams:
 
 
 # ---- operators --------------------------------------------------------------------------------------------------
-def _mutate_gene(ind: Individual, i: int, space: SearchSpace) -> None:
+# Each takes the RNG to draw from (default: the global `random` module, for interactive use and old callers).
+Rng = Any  # random.Random, or the random module itself
+
+
+def cx_uniform(ind1: Individual, ind2: Individual, indpb: float, rng: Rng = random) -> tuple[Individual, Individual]:
+    """DEAP's `tools.cxUniform` drawing from `rng`: swap each gene with probability indpb, in place."""
+    for i in range(min(len(ind1), len(ind2))):
+        if rng.random() < indpb:
+            ind1[i], ind2[i] = ind2[i], ind1[i]
+    return ind1, ind2
+
+
+def sel_tournament(individuals: Sequence[Individual], k: int, tournsize: int, rng: Rng = random) -> list[Individual]:
+    """DEAP's `tools.selTournament` drawing from `rng`: k times the fittest of `tournsize` drawn with replacement."""
+    return [max([rng.choice(individuals) for _ in range(tournsize)], key=attrgetter("fitness")) for _ in range(k)]
+
+
+def _mutate_gene(ind: Individual, i: int, space: SearchSpace, rng: Rng = random) -> None:
     p = space.parameters[i]
     n = len(p.values)
     if p.ordinal:
-        step = random.choice((-1, 1)) * (2 if random.random() < 0.2 else 1)
+        step = rng.choice((-1, 1)) * (2 if rng.random() < 0.2 else 1)
         j = ind[i] + step
         if not 0 <= j < n:  # reflect at the ends
             j = ind[i] - step
@@ -71,43 +92,44 @@ def _mutate_gene(ind: Individual, i: int, space: SearchSpace) -> None:
             j = ind[i] + 1 if ind[i] + 1 < n else ind[i] - 1
         ind[i] = j
     else:
-        ind[i] = random.choice([j for j in range(n) if j != ind[i]])
+        ind[i] = rng.choice([j for j in range(n) if j != ind[i]])
 
 
-def mutate_genes(ind: Individual, space: SearchSpace, indpb: float) -> tuple[Individual]:
+def mutate_genes(ind: Individual, space: SearchSpace, indpb: float, rng: Rng = random) -> tuple[Individual]:
     """Per-gene mutation: ordinal genes step to a neighbour (sometimes two), categorical genes resample.
     At least one gene changes, so a mutant is never a silent clone."""
     mutable = [i for i, p in enumerate(space.parameters) if len(p.values) > 1]
     if not mutable:
         return (ind,)
-    hits = [i for i in mutable if random.random() < indpb]
-    for i in hits or [random.choice(mutable)]:
-        _mutate_gene(ind, i, space)
+    hits = [i for i in mutable if rng.random() < indpb]
+    for i in hits or [rng.choice(mutable)]:
+        _mutate_gene(ind, i, space, rng)
     return (ind,)
 
 
-def repair(ind: Individual, space: SearchSpace, indpb: float, tries: int = 20) -> Individual:
+def repair(ind: Individual, space: SearchSpace, indpb: float, tries: int = 20, rng: Rng = random) -> Individual:
     """Make `ind` valid in place: re-mutate a copy up to `tries` times, else draw a random valid genome."""
     if space.is_valid_genome(ind):
         return ind
     original = list(ind)
     for _ in range(tries):
         trial = creator.EvoIndividual(original)
-        mutate_genes(trial, space, indpb)
+        mutate_genes(trial, space, indpb, rng)
         if space.is_valid_genome(trial):
             ind[:] = trial
             return ind
-    ind[:] = space.random_valid_genome(random)
+    ind[:] = space.random_valid_genome(rng)
     return ind
 
 
-def make_toolbox(space: SearchSpace, params: GAParams) -> base.Toolbox:
+def make_toolbox(space: SearchSpace, params: GAParams, rng: Rng = random) -> base.Toolbox:
+    """The GA's operators bound to the space, the rates and one RNG."""
     tb = base.Toolbox()
-    tb.register("individual", lambda: creator.EvoIndividual(space.random_valid_genome(random)))
-    tb.register("mate", tools.cxUniform, indpb=0.5)
-    tb.register("mutate", mutate_genes, space=space, indpb=params.indpb)
-    tb.register("repair", repair, space=space, indpb=params.indpb)
-    tb.register("select", tools.selTournament, tournsize=params.tournsize)
+    tb.register("individual", lambda: creator.EvoIndividual(space.random_valid_genome(rng)))
+    tb.register("mate", cx_uniform, indpb=0.5, rng=rng)
+    tb.register("mutate", mutate_genes, space=space, indpb=params.indpb, rng=rng)
+    tb.register("repair", repair, space=space, indpb=params.indpb, rng=rng)
+    tb.register("select", sel_tournament, tournsize=params.tournsize, rng=rng)
     return tb
 
 
@@ -131,7 +153,9 @@ class GeneValueModel:
         ok = sorted((t, tuple(g)) for g, t in scored if math.isfinite(t))
         n_good = max(1, math.ceil(gamma * len(ok)))
         good = [g for _, g in ok[:n_good]]
-        rest = [g for _, g in ok[n_good:]] + [tuple(g) for g, t in scored if not math.isfinite(t)]
+        # sorted: the model is a function of the set of measurements, not of the order they were recorded in (a
+        # cluster records them as they finish); float sums in another order could differ in the last bit
+        rest = [g for _, g in ok[n_good:]] + sorted(tuple(g) for g, t in scored if not math.isfinite(t))
         self.log_ratio: list[np.ndarray] = []
         for i, p in enumerate(space.parameters):
             n = len(p.values)
@@ -181,7 +205,8 @@ class GeneticSearch:
         self.space = runner.space
         self.settings = runner.settings
         self.params = params or GAParams()
-        self.toolbox = make_toolbox(self.space, self.params)
+        self.rng = random.Random(self.settings.seed)  # private: seeded again by run(), restored from checkpoints
+        self.toolbox = make_toolbox(self.space, self.params, self.rng)
         self.stats = make_stats()
         self.hof = tools.HallOfFame(max(1, self.settings.elite))
         self.logbook = tools.Logbook()
@@ -213,7 +238,7 @@ class GeneticSearch:
             "population": [list(ind) for ind in pop],
             "hall_of_fame": [list(ind) for ind in self.hof],  # best first
             "logbook": [dict(r) for r in self.logbook],
-            "rng": rng_to_json(random.getstate()),
+            "rng": rng_to_json(self.rng.getstate()),
         }
         self.runner.store.save_checkpoint(self.runner.run.id, gen, state)
 
@@ -230,14 +255,14 @@ class GeneticSearch:
             self.hof.insert(ind)
         for r in state["logbook"]:
             self.logbook.record(**r)
-        random.setstate(rng_from_json(state["rng"]))
+        self.rng.setstate(rng_from_json(state["rng"]))
         return int(state["generation"]), pop
 
     def _initial_population(self) -> list[Individual]:
         valid = self.space.valid_genomes()
         n = self.settings.population
         if n <= len(valid):
-            return [_individual(g) for g in random.sample(valid, n)]
+            return [_individual(g) for g in self.rng.sample(valid, n)]
         return [_individual(g) for g in valid] + [self.toolbox.individual() for _ in range(n - len(valid))]
 
     def _novel(self, child: Individual, gen: int, taken: set[tuple[int, ...]]) -> Individual:
@@ -269,7 +294,7 @@ class GeneticSearch:
             order = sorted(range(len(bred)), key=lambda k: (-model.score(bred[k]), k))
             n_free = int(round(n_bred * self.params.prescreen_bypass))
             kept, rest = order[: n_bred - n_free], order[n_bred - n_free:]
-            kept += random.sample(rest, min(n_free, len(rest)))
+            kept += self.rng.sample(rest, min(n_free, len(rest)))
             children = [bred[k] for k in kept]
         return self._fill_unseen([_individual(g) for g in local[:n_local]] + children, n_imm, gen)
 
@@ -287,7 +312,7 @@ class GeneticSearch:
                     g = tuple(best[:i] + [v] + best[i + 1:])
                     if self.space.is_valid_genome(g) and not self.runner.seen_before(g, gen):
                         out.append(g)
-        random.shuffle(out)
+        self.rng.shuffle(out)
         return out
 
     def _fill_unseen(self, children: list[Individual], n_imm: int, gen: int) -> list[Individual]:
@@ -301,7 +326,7 @@ class GeneticSearch:
             if unseen is None:  # computed once per generation, and only when needed
                 unseen = [g for g in self.space.valid_genomes() if not self.runner.seen_before(g, gen)]
             while unseen:
-                g = unseen.pop(random.randrange(len(unseen)))
+                g = unseen.pop(self.rng.randrange(len(unseen)))
                 if g not in taken:
                     return g
             return None
@@ -313,8 +338,8 @@ class GeneticSearch:
         for child in children:
             # a repeat first jumps further from where it is (mutation of a third of its genes), then anywhere
             for _ in range(self.params.novelty_tries if repeats(child) else 0):
-                mutate_genes(child, self.space, 1 / 3)
-                repair(child, self.space, 1 / 3)
+                mutate_genes(child, self.space, 1 / 3, self.rng)
+                repair(child, self.space, 1 / 3, rng=self.rng)
                 if not repeats(child):
                     break
             if repeats(child):
@@ -378,11 +403,11 @@ class GeneticSearch:
         chosen = tb.select(pop, n)
         offspring = [tb.clone(ind) for ind in chosen]
         for i in range(1, len(offspring), 2):
-            if random.random() < self.params.cxpb:
+            if self.rng.random() < self.params.cxpb:
                 tb.mate(offspring[i - 1], offspring[i])
         taken: set[tuple[int, ...]] = set()
         for child in offspring:
-            if random.random() < self.params.mutpb:
+            if self.rng.random() < self.params.mutpb:
                 tb.mutate(child)
             tb.repair(child)
             self._novel(child, gen, taken)
@@ -390,11 +415,25 @@ class GeneticSearch:
             del child.fitness.values
         return offspring
 
+    def _speculate(self, pop: Sequence[Individual], n: int, gen: int) -> None:
+        """Start building (never measuring) what generation `gen` will likely breed, while the generation before it
+        is measured: a guess made as if that generation's results changed nothing (the neighbours of the best so
+        far, children of the current elites). The RNG is put back, so the real breeding draws exactly as without
+        the guess; a guessed child that is bred for real finds its build in the cache."""
+        if not self.runner.wants_prefetch(certain=False):
+            return
+        state = self.rng.getstate()
+        try:
+            guess = self._offspring([self.toolbox.clone(ind) for ind in pop], n, gen)
+        finally:
+            self.rng.setstate(state)
+        self.runner.prefetch(guess)
+
     def run(self, state: dict[str, Any] | None = None) -> str:
         """Search until the generations or the budget run out. Returns why it stopped."""
         r, s = self.runner, self.settings
         if state is None:
-            random.seed(s.seed)
+            self.rng.seed(s.seed)
             pop = self._initial_population()
             gen = 0
             self._assign(pop, 0)
@@ -418,6 +457,8 @@ class GeneticSearch:
             gen += 1
             elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]
             offspring = self._offspring(pop, max(0, s.population - len(elites)), gen)
+            if gen < s.generations:
+                self._speculate(elites + offspring, max(0, s.population - len(elites)), gen + 1)
             self._assign(offspring, gen)
             if self.params.plus_survival:
                 pool = [ind for ind in pop + offspring if ind.fitness.valid]

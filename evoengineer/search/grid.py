@@ -25,6 +25,10 @@ class GridSearch:
         reason = "space exhausted"
         last = max(0, gen - 1)  # the last generation that ran (a resumed run with nothing left: the stored one)
         for i in range(start, len(valid), batch):
+            # the next batch (within the budget): a cluster builds it, and measures it on GPUs this one leaves idle
+            after = r.evaluations + sum(1 for g in valid[i:i + batch] if r.hash_of(g) not in r.records)
+            left = batch if s.budget is None else max(0, s.budget - after)
+            r.prefetch(valid[i + batch:i + batch + min(batch, left)], certain=True)
             r.evaluate(valid[i:i + batch], gen)
             last = gen
             nxt = i + batch

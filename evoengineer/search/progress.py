@@ -16,9 +16,28 @@ class ProgressPrinter:
         self.stream = stream or sys.stderr
         self.per_evaluation = per_evaluation
         self.t0 = time.monotonic()
+        self.evaluations0: int | None = None  # stored before this process started (a resumed run's)
 
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
+
+    def start(self, runner: Any) -> None:
+        """The run starts (or resumes) now, with the evaluations already stored."""
+        self.t0 = time.monotonic()
+        self.evaluations0 = runner.evaluations
+
+    def _throughput(self, runner: Any) -> str:
+        """Candidates measured per minute by this process and the measuring devices' busy share (time spent on
+        candidates / wall time x devices): shown for GPU spaces and Dask clusters."""
+        busy = runner.evaluator.utilization()
+        if busy is None or not (runner.space.backend == "cuda" or runner.evaluator.kind == "dask"):
+            return ""
+        seconds, devices = busy
+        wall = max(1e-9, time.monotonic() - self.t0)
+        if self.evaluations0 is None:
+            return ""
+        rate = 60.0 * (runner.evaluations - self.evaluations0) / wall
+        return f" | {rate:.0f}/min | GPU busy {min(1.0, seconds / (wall * devices)):.0%} of {devices}"
 
     def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
         if not self.per_evaluation:
@@ -36,6 +55,7 @@ class ProgressPrinter:
         line = (f"{head:>8} | evaluated {runner.evaluations}/{budget if budget is not None else '-'} "
                 f"| valid {counts.get('ok', 0)} | failures: {failures} "
                 f"| best {best:.3f} us | {time.monotonic() - self.t0:.1f}s")
+        line += self._throughput(runner)
         if "stop" in stats:
             line += f" | stopped: {stats['stop']}"
         self._print(line)

@@ -37,6 +37,10 @@ class RandomSearch:
                 reason = stop
                 break
             take = order[pos:pos + min(batch, s.max_evaluations - r.evaluations)]
+            # the next batch, as the next pass will take it (every configuration of this one ends up stored):
+            # a cluster builds it, and measures it on GPUs this batch leaves idle
+            after = r.evaluations + sum(1 for g in take if r.hash_of(g) not in r.records)
+            r.prefetch(order[pos + len(take):pos + len(take) + min(batch, s.max_evaluations - after)], certain=True)
             r.evaluate(take, gen)
             pos += len(take)
             if not r.exhausted:

@@ -174,6 +174,25 @@ class Runner:
             self.exhausted = True
         return [self.records.get(self.hash_of(g)) for g in genomes]
 
+    def wants_prefetch(self, certain: bool = False) -> bool:
+        return self.evaluator.wants_prefetch(certain)
+
+    def prefetch(self, genomes: Iterable[Sequence[int]], *, certain: bool = False) -> None:
+        """Tell the evaluator what will (`certain`) or may be evaluated next: a cluster builds it, and measures a
+        certain next batch on GPUs the current one leaves idle. Nothing is recorded until `evaluate` asks for it;
+        stored or unrenderable genomes are left out."""
+        if not self.evaluator.wants_prefetch(certain):
+            return
+        candidates = []
+        for g in genomes:
+            if self.hash_of(g) in self.records:
+                continue
+            try:
+                candidates.append(self.factory.from_genome(tuple(g)))
+            except UserError:
+                continue
+        self.evaluator.prefetch(candidates, certain=certain)
+
     def _record(self, rec: CandidateRecord) -> None:
         """Commit one result now, keep it (without its source) for lookups, tell the observers."""
         self.store.record_candidate(self.run.id, rec)

@@ -86,6 +86,7 @@ class SearchSpace:
     path: Path | None = None
     text: str = ""
     _valid: list[tuple[int, ...]] | None = field(default=None, repr=False)
+    _validity: dict[tuple[int, ...], bool] = field(default_factory=dict, repr=False, compare=False)
 
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
@@ -133,6 +134,13 @@ class SearchSpace:
         return [c.text for c in self.constraints if not _holds(c, env)]
 
     def is_valid_genome(self, genome: Sequence[int]) -> bool:
+        key = tuple(genome)
+        known = self._validity.get(key)
+        if known is None:  # remembered: the GA asks about the same genomes many times per generation
+            known = self._validity[key] = self._check_genome(key)
+        return known
+
+    def _check_genome(self, genome: tuple[int, ...]) -> bool:
         if len(genome) != len(self.parameters):
             return False
         if any(not 0 <= g < len(p.values) for g, p in zip(genome, self.parameters)):

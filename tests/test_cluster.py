@@ -1,0 +1,474 @@
+"""Evaluation on a Dask cluster (evoengineer/evaluators/cluster.py) on CPU: simulated GPU workers (the resource
+GPU=1, no device) replaying the toy landscape give the evaluated set, elites and elite.json of a run without a
+cluster, for 1, 2 and 4 workers and every strategy; a Dask worker killed with -9 mid-candidate loses nothing and
+records nothing twice; a candidate that kills two workers is a poison pill (runtime_error) and the search goes on;
+a lost scheduler stops the search with one line, resumable; kill -9 of the search resumes exactly; real builds and
+measurements (the faults family) through a local cluster; TLS: a plain-TCP address off this host is refused, a
+tls:// scheduler with certificates made as the README says works; `worker` serves simulated GPU workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import cloudpickle
+
+import cluster_helpers
+from conftest import stored_count
+from evoengineer.cli import main
+from evoengineer.errors import UserError
+from evoengineer.evaluators import ReplayEvaluator
+from evoengineer.evaluators.cluster import (ClusterEvaluator, HostLayout, TLSFiles, _start_local_cluster,
+                                            check_address, configure_dask)
+from evoengineer.search import STRATEGIES, RandomSearch, Runner, SearchSettings
+from evoengineer.search.driver import cluster_population
+from evoengineer.space import load_space
+from evoengineer.store import Store
+
+cloudpickle.register_pickle_by_value(cluster_helpers)  # the workers get the test evaluators by value
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stored(db: Path) -> list[tuple]:
+    """A run's records, order-free: (generation, hash, status, time)."""
+    store = Store(f"sqlite:///{db}")
+    try:
+        (run,) = store.runs()
+        return sorted((r.generation, r.hash, r.status, r.time_us) for r in store.candidates(run.id))
+    finally:
+        store.close()
+
+
+def _run_status(db: Path) -> tuple[str, str]:
+    store = Store(f"sqlite:///{db}")
+    try:
+        (run,) = store.runs()
+        return run.status, run.stop_reason
+    finally:
+        store.close()
+
+
+def _search(*args: str) -> int:
+    return main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--quiet", *args])
+
+
+def _plain_doc(doc: dict) -> dict:
+    """An elite.json without what names the evaluator (the cluster's address)."""
+    return {k: v for k, v in doc.items() if k != "evaluator"}
+
+
+# ---- addresses and TLS: refused before anything connects --------------------------------------------------------
+@pytest.mark.parametrize("address, words", [
+    ("tcp://10.1.2.3:8786", "refused: a Dask scheduler runs whatever code"),
+    ("tcp://192.168.0.7:8786", "must be reached over TLS"),
+    ("tcp://example.invalid:8786", "plain tcp:// only on 127.0.0.1"),
+    ("tls://10.1.2.3:8786", "tls:// needs --tls-ca-file"),
+    ("10.1.2.3:8786", "expected 'local', tcp://127.0.0.1:PORT or tls://HOST:PORT"),
+    ("tcp://127.0.0.1", "expected 'local'"),
+    ("http://127.0.0.1:8786", "expected 'local'"),
+])
+def test_addresses_that_would_hand_code_out_in_clear_are_refused(address: str, words: str):
+    with pytest.raises(UserError) as info:
+        check_address(address, None)
+    assert words in str(info.value)
+
+
+def test_loopback_and_tls_addresses_are_accepted(tmp_path: Path):
+    for address in ("local", "tcp://127.0.0.1:8786", "tcp://localhost:8786", "tcp://[::1]:8786",
+                    "tcp://127.0.0.2:9000"):
+        check_address(address, None)
+    for name in ("ca.pem", "node.pem", "node.key"):
+        (tmp_path / name).write_text("x")
+    tls = TLSFiles.from_options(str(tmp_path / "ca.pem"), str(tmp_path / "node.pem"), str(tmp_path / "node.key"))
+    check_address("tls://10.1.2.3:8786", tls)
+    with pytest.raises(UserError, match="use tls://10.1.2.3:8786"):
+        check_address("tcp://10.1.2.3:8786", tls)
+    with pytest.raises(UserError, match="missing --tls-key"):
+        TLSFiles.from_options(str(tmp_path / "ca.pem"), str(tmp_path / "node.pem"), None)
+    with pytest.raises(UserError, match="--tls-ca-file .*cannot read"):
+        TLSFiles.from_options(str(tmp_path / "nope.pem"), str(tmp_path / "node.pem"), str(tmp_path / "node.key"))
+
+
+@pytest.mark.parametrize("args", [
+    ["--cluster", "tcp://10.1.2.3:8786"],
+    ["--cluster", "tls://10.1.2.3:8786"],
+    ["--cluster", "tcp://127.0.0.1:8786", "--cluster-workers", "2"],
+    ["--cluster-workers", "2"],
+])
+def test_the_cli_refuses_with_one_line_and_writes_nothing(toy_dir: Path, monkeypatch, capsys, args: list[str]):
+    monkeypatch.chdir(toy_dir)
+    code = main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///c.db",
+                 *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert not (toy_dir / "c.db").exists() and not (toy_dir / "elite.json").exists()
+
+
+def test_worker_command_says_so_on_a_host_without_gpus(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert main(["worker", "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "shows no GPU" in err and "--simulate" in err
+    assert main(["worker", "--scheduler", "tcp://10.0.0.1:8786", "--simulate", "2"]) == 2
+    assert "must be reached over TLS" in capsys.readouterr().err
+
+
+def test_default_population_follows_the_gpu_workers():
+    # a GA generation's children fill whole rounds of the workers; the population is at least 1.5 x the workers
+    assert [cluster_population("ga", 12, 3, w) for w in (1, 2, 4, 8, 16)] == [12, 13, 15, 19, 35]
+    assert [cluster_population("random", 12, 3, w) for w in (1, 2, 4, 8, 16)] == [12, 12, 12, 16, 32]
+    for w in (1, 2, 3, 4, 8, 16):
+        p = cluster_population("ga", 12, 3, w)
+        assert (p - 3) % w == 0 and p >= 1.5 * w and p >= 12
+
+
+# ---- the same results on 1, 2 and 4 workers ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def clusters():
+    """Local clusters of 1, 2 and 4 simulated GPU workers (127.0.0.1), shared by the module's searches, which reach
+    them as external schedulers (tcp://127.0.0.1:PORT)."""
+    configure_dask()
+    started = {n: _start_local_cluster(HostLayout(gpus=[None] * n, build_slots=0)) for n in (1, 2, 4)}
+    yield {n: c.scheduler_address for n, c in started.items()}
+    for c in started.values():
+        c.close(timeout=30)
+
+
+@pytest.mark.parametrize("strategy", ["ga", "random", "grid", "optuna"])
+def test_same_results_for_1_2_and_4_simulated_gpu_workers(toy_dir: Path, monkeypatch, clusters, strategy: str):
+    monkeypatch.chdir(toy_dir)
+    monkeypatch.setenv("EVOENGINEER_REPLAY_DELAY_S", "0.005")
+    common = ["--strategy", strategy, "--budget", "30", "--population", "8", "--seed", "3"]
+    assert _search("--db", "sqlite:///plain.db", "--out", "plain.json", *common) == 0
+    want = _stored(toy_dir / "plain.db")
+    plain = json.loads((toy_dir / "plain.json").read_text())
+    docs = []
+    for n, address in clusters.items():
+        assert _search("--db", f"sqlite:///w{n}.db", "--out", f"w{n}.json", "--cluster", address, *common) == 0
+        assert _stored(toy_dir / f"w{n}.db") == want, n
+        doc = json.loads((toy_dir / f"w{n}.json").read_text())
+        assert doc["evaluator"] == {"kind": "dask", "cluster": address, "inner": plain["evaluator"]}
+        docs.append(_plain_doc(doc))
+    assert docs[0] == docs[1] == docs[2]  # elite.json: the same but for the scheduler's address
+    assert docs[0]["elites"] == plain["elites"] and docs[0]["evaluations"] == 30
+
+
+# ---- faults: a worker killed mid-candidate, a poison pill -------------------------------------------------------
+def _api_search(space_file: Path, landscape: Path, db: Path, evaluator, strategy: str = "random", **kw):
+    """A search in this process through the real store and runner (so a test thread can reach the cluster)."""
+    space = load_space(space_file)
+    store = Store(f"sqlite:///{db}")
+    settings = SearchSettings(strategy=strategy, **kw)
+    rid = store.create_run(space_name=space.name, space_path=str(space_file), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64,
+                           config={**settings.to_dict(), "evaluator": evaluator.describe()}, seed=settings.seed,
+                           fingerprint={"cpu": "test"})
+    runner = Runner(space=space, evaluator=evaluator, store=store, run=store.get_run(rid), settings=settings,
+                    out=db.with_suffix(".json"))
+    with evaluator:
+        reason = STRATEGIES[strategy](runner).run(None)
+    store.close()
+    return reason, runner
+
+
+def _audited(toy_dir: Path, audit: Path, *, workers: int, delay_s: float, poison=()) -> ClusterEvaluator:
+    space = load_space(toy_dir / "toy_space.toml")
+    with ReplayEvaluator(toy_dir / "landscape.csv", space) as ev:
+        inner = ev.describe()
+    return ClusterEvaluator(space, inner, address="local", workers=workers, factory=cluster_helpers.audited_replay,
+                            extras={"delay_s": delay_s, "audit": str(audit), "poison": sorted(poison)})
+
+
+def test_a_worker_killed_mid_candidate_loses_nothing_and_records_nothing_twice(toy_dir: Path):
+    audit = toy_dir / "audit.log"
+    ev = _audited(toy_dir, audit, workers=2, delay_s=0.6)
+    pids = set(ev.client.run(os.getpid).values())  # the Dask worker processes (not their nannies)
+    killed: list[tuple[str, int]] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            lines = cluster_helpers.read_audit(audit)
+            ended = {(h, p) for w, h, p in lines if w == "end"}
+            running = [(h, p) for w, h, p in lines if w == "start" and (h, p) not in ended and p in pids]
+            if len([1 for w, _, _ in lines if w == "end"]) >= 3 and running:
+                h, p = running[-1]
+                time.sleep(0.2)  # well inside its 0.6 s measurement
+                if (h, p) not in {(x, y) for w, x, y in cluster_helpers.read_audit(audit) if w == "end"}:
+                    os.kill(p, signal.SIGKILL)
+                    killed.append((h, p))
+                    return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    reason, runner = _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "k.db", ev,
+                                 budget=12, population=4, seed=2)
+    t.join()
+    assert reason == "budget" and killed
+    victim_hash, victim_pid = killed[0]
+    lines = cluster_helpers.read_audit(audit)
+    # the victim was mid-measurement on the killed worker, then measured once, to the end, on another
+    assert ("start", victim_hash, victim_pid) in lines and ("end", victim_hash, victim_pid) not in lines
+    ends = [h for w, h, _ in lines if w == "end"]
+    assert len(ends) == len(set(ends)) == 12
+    assert [p for w, h, p in lines if w == "end" and h == victim_hash] != [victim_pid]
+    # stored once each, the victim with its landscape verdict; the set of a run without a cluster
+    assert sorted(ends) == sorted(runner.records)
+    space = load_space(toy_dir / "toy_space.toml")
+    _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "ref.db",
+                ReplayEvaluator(toy_dir / "landscape.csv", space), budget=12, population=4, seed=2)
+    assert _stored(toy_dir / "k.db") == _stored(toy_dir / "ref.db")
+
+
+def test_a_candidate_that_kills_two_workers_is_a_poison_pill_and_the_search_goes_on(toy_dir: Path):
+    space = load_space(toy_dir / "toy_space.toml")
+    store = Store("sqlite://")
+    settings = SearchSettings(strategy="random", budget=10, population=4, seed=7)
+    rid = store.create_run(space_name=space.name, space_path="x", space_text=space.text, template=space.template,
+                           template_sha256="t" * 64, config={}, seed=7, fingerprint={})
+    runner = Runner(space=space, evaluator=ReplayEvaluator(toy_dir / "landscape.csv", space), store=store,
+                    run=store.get_run(rid), settings=settings, out=toy_dir / "x.json")
+    order = RandomSearch(runner).order()
+    h = runner.hash_of
+    poison = h(order[1])
+    audit = toy_dir / "audit.log"
+    ev = _audited(toy_dir, audit, workers=2, delay_s=0.05, poison=[poison])
+    reason, runner = _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "p.db", ev,
+                                 budget=10, population=4, seed=7)
+    assert reason == "budget" and runner.evaluations == 10
+    rec = runner.records[poison]
+    assert rec.status == "runtime_error" and "poison pill: 2 cluster workers died" in rec.reason
+    lines = cluster_helpers.read_audit(audit)
+    starts = [p for w, x, p in lines if w == "start" and x == poison]
+    assert len(starts) == 2 and len(set(starts)) == 2  # it ran on two workers and took both down
+    # every other candidate has its landscape verdict, measured once
+    landscape = ReplayEvaluator(toy_dir / "landscape.csv", space).landscape
+    others = [r for r in runner.records.values() if r.hash != poison]
+    assert len(others) == 9
+    for r in others:
+        assert r.status == landscape.lookup(r.params).status
+    # each measured to the end (recorded once: the store has one row per hash). One that had just finished on a
+    # worker the poison pill then took down can be measured again: its result went down with that worker
+    ends = [x for w, x, _ in lines if w == "end"]
+    assert set(ends) == {r.hash for r in others} and len(ends) <= len(others) + 2
+
+
+# ---- the search process: kill -9 and resume; a lost scheduler ----------------------------------------------------
+def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the process ended early: {proc.stderr.read() if proc.stderr else ''}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_kill_9_of_the_search_then_resume_ends_like_an_uninterrupted_run(toy_dir: Path, monkeypatch):
+    log = toy_dir / "measured.log"
+    env = _env(EVOENGINEER_REPLAY_DELAY_S="0.05", EVOENGINEER_REPLAY_LOG=str(log))
+    common = ["--strategy", "ga", "--budget", "40", "--population", "8", "--seed", "5"]
+    cmd = [sys.executable, "-m", "evoengineer", "search", "--space", "toy_space.toml", "--landscape",
+           "landscape.csv", "--db", "sqlite:///k.db", "--out", "k.json", "--quiet", *common]
+    proc = subprocess.Popen([*cmd, "--cluster", "local", "--cluster-workers", "2"], cwd=toy_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: stored_count(toy_dir / "k.db") >= 14, 120, "14 stored evaluations", proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    before = {h for _, h, _, _ in _stored(toy_dir / "k.db")}
+    assert 14 <= len(before) < 40
+    log.write_text("")
+    r = subprocess.run([sys.executable, "-m", "evoengineer", "resume", "--db", "sqlite:///k.db", "--quiet"],
+                       cwd=toy_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    measured = [line.split()[0] for line in log.read_text().splitlines()]
+    assert not set(measured) & before, "the resumed run measured a stored configuration again"
+    assert len(measured) == len(set(measured)) == 40 - len(before)
+    monkeypatch.chdir(toy_dir)
+    assert _search("--db", "sqlite:///ref.db", "--out", "ref.json", *common) == 0
+    assert _stored(toy_dir / "k.db") == _stored(toy_dir / "ref.db")
+    doc, ref = (json.loads((toy_dir / n).read_text()) for n in ("k.json", "ref.json"))
+    assert doc["elites"] == ref["elites"] and doc["run_status"] == "finished"
+
+
+def test_a_run_started_without_a_cluster_resumes_on_one_with_a_grown_default_population(toy_dir: Path, monkeypatch,
+                                                                                       capsys):
+    """`resume --cluster local` measures an interrupted plain run's remaining candidates on a cluster (same set as an
+    uninterrupted run); and a new GA search on 4 workers without --population gets 15 (3 elites + 3 x 4)."""
+    env = _env(EVOENGINEER_REPLAY_DELAY_S="0.05")
+    common = ["--strategy", "random", "--budget", "30", "--population", "6", "--seed", "8"]
+    proc = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", "--space", "toy_space.toml",
+                             "--landscape", "landscape.csv", "--db", "sqlite:///r.db", "--out", "r.json", "--quiet",
+                             *common], cwd=toy_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: stored_count(toy_dir / "r.db") >= 8, 120, "8 stored evaluations", proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    monkeypatch.chdir(toy_dir)
+    assert main(["resume", "--db", "sqlite:///r.db", "--quiet", "--cluster", "local", "--cluster-workers", "2"]) == 0
+    assert _search("--db", "sqlite:///ref.db", "--out", "ref.json", *common) == 0
+    assert _stored(toy_dir / "r.db") == _stored(toy_dir / "ref.db")
+    capsys.readouterr()
+    assert main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///g.db",
+                 "--out", "g.json", "--budget", "20", "--cluster", "local", "--cluster-workers", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "population 15 for 4 GPU worker(s)" in err and "GPU busy" in err
+    store = Store("sqlite:///g.db")
+    try:
+        (run,) = store.runs()
+        assert run.config["population"] == 15 and run.config["cluster"]["workers"] == 4
+    finally:
+        store.close()
+
+
+def _scheduler(port: int, env: dict, *tls: str) -> subprocess.Popen:
+    """`dask scheduler` on 127.0.0.1 (its HTTP endpoint too), as the README starts it."""
+    return subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                             str(port), "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *tls], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _workers(address: str, env: dict, n: int, *tls: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "evoengineer", "worker", "--scheduler", address, "--simulate",
+                             str(n), *tls], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_a_lost_scheduler_stops_the_search_with_one_line_and_resume_completes(toy_dir: Path, monkeypatch):
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = _env(EVOENGINEER_REPLAY_DELAY_S="0.1")
+    sched, workers = _scheduler(port, env), _workers(address, env, 2)
+    procs = [sched, workers]
+    try:
+        common = ["--strategy", "random", "--budget", "40", "--population", "6", "--seed", "4"]
+        search = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", "--space", "toy_space.toml",
+                                   "--landscape", "landscape.csv", "--db", "sqlite:///s.db", "--out", "s.json",
+                                   "--quiet", "--cluster", address, *common], cwd=toy_dir, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(search)
+        _wait_for(lambda: stored_count(toy_dir / "s.db") >= 8, 120, "8 stored evaluations", search)
+        sched.kill()
+        t0 = time.monotonic()
+        _, err = search.communicate(timeout=90)
+        assert search.returncode == 2, err
+        assert time.monotonic() - t0 < 30
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert f"lost the Dask scheduler at {address}" in lines[0]
+        assert "resume with: python -m evoengineer resume --db sqlite:///s.db --run 1" in lines[0]
+        status, why = _run_status(toy_dir / "s.db")
+        assert status == "interrupted" and "scheduler" in why
+        before = _stored(toy_dir / "s.db")
+        assert 8 <= len(before) < 40
+        _stop(workers)
+        # the scheduler comes back at the same address; resume finds it from the run's settings
+        sched, workers = _scheduler(port, env), _workers(address, env, 2)
+        procs += [sched, workers]
+        r = subprocess.run([sys.executable, "-m", "evoengineer", "resume", "--db", "sqlite:///s.db", "--quiet"],
+                           cwd=toy_dir, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        after = _stored(toy_dir / "s.db")
+        assert set(before) <= set(after) and len(after) == 40
+        monkeypatch.chdir(toy_dir)
+        monkeypatch.setenv("EVOENGINEER_REPLAY_DELAY_S", "0")
+        assert _search("--db", "sqlite:///ref.db", "--out", "ref.json", *common) == 0
+        assert after == _stored(toy_dir / "ref.db")
+    finally:
+        _stop(*procs)
+
+
+# ---- real builds and measurements through a local cluster (CPU) ---------------------------------------------------
+def test_real_builds_and_planted_faults_through_a_local_cluster(faults_dir: Path, build_cache: Path, monkeypatch):
+    """The faults family's first five configurations (grid order): built on the cluster's build worker, measured by
+    two simulated GPU workers in the isolated, replaceable measuring subprocess: a hang is a timeout, a crash a
+    runtime_error with its signal, and the Dask workers live on (no poison pill)."""
+    monkeypatch.chdir(faults_dir)
+    rc = main(["search", "--space", "faults_space.toml", "--db", "sqlite:///f.db", "--out", "elite.json",
+               "--strategy", "grid", "--population", "5", "--budget", "5", "--cache-dir", str(build_cache),
+               "--cluster", "local", "--cluster-workers", "2", "--quiet"])
+    assert rc == 0
+    store = Store(f"sqlite:///{faults_dir / 'f.db'}")
+    (run,) = store.runs()
+    got = {(c.params["FAULT"], c.params["D_VEC"]): c for c in store.candidates(run.id)}
+    want = {("none", 4): "ok", ("none", 8): "ok", ("hang", 4): "timeout", ("segfault", 4): "runtime_error",
+            ("abort", 4): "runtime_error"}
+    assert {k: c.status for k, c in got.items()} == want, {k: (c.status, c.reason) for k, c in got.items()}
+    assert "SIGSEGV" in got[("segfault", 4)].reason and "SIGABRT" in got[("abort", 4)].reason
+    for c in got.values():
+        assert "poison" not in c.reason and "build_s" in c.metrics
+    ok = got[("none", 4)].metrics
+    assert ok["time_us"] > 0 and ok["max_abs_err"] < 1e-4 and ok["measure_s"] > 0
+    doc = json.loads((faults_dir / "elite.json").read_text())
+    assert doc["evaluator"]["kind"] == "dask" and doc["evaluator"]["inner"]["kind"] == "local"
+    assert {e["params"]["FAULT"] for e in doc["elites"]} == {"none"}
+    store.close()
+
+
+# ---- TLS: certificates as the README makes them ------------------------------------------------------------------
+def _certificates(d: Path) -> list[str]:
+    """The README's openssl commands: a CA, and one key and certificate it signed for every member."""
+    def run(*cmd: str) -> None:
+        subprocess.run(cmd, cwd=d, check=True, capture_output=True)
+
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj", "/CN=evoengineer-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=evoengineer", "-keyout", "node.key",
+        "-out", "node.csr")
+    run("openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "365", "-out", "node.pem")
+    return ["--tls-ca-file", str(d / "ca.pem"), "--tls-cert", str(d / "node.pem"), "--tls-key", str(d / "node.key")]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_tls_scheduler_with_certificates_works(toy_dir: Path, tmp_path: Path, monkeypatch):
+    tls = _certificates(tmp_path)
+    port = _free_port()
+    address = f"tls://127.0.0.1:{port}"
+    env = _env(EVOENGINEER_REPLAY_DELAY_S="0")
+    sched = _scheduler(port, env, "--protocol", "tls", *tls)
+    workers = _workers(address, env, 2, *tls)
+    try:
+        monkeypatch.chdir(toy_dir)
+        common = ["--strategy", "random", "--budget", "12", "--population", "6"]
+        assert _search("--db", "sqlite:///t.db", "--out", "t.json", "--cluster", address, *tls, *common) == 0
+        assert _search("--db", "sqlite:///ref.db", "--out", "ref.json", *common) == 0
+        assert _stored(toy_dir / "t.db") == _stored(toy_dir / "ref.db")
+        with pytest.raises(UserError, match="tls:// needs"):  # without the certificates it is not even tried
+            check_address(address, None)
+    finally:
+        _stop(sched, workers)
