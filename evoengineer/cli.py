@@ -142,7 +142,7 @@ def _cluster_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
     _tls_args(p)
 
 
-def _cluster_options(a: argparse.Namespace, *, required: bool = True):
+def _cluster_options(a: argparse.Namespace):
     """ClusterOptions from --cluster and friends; None without --cluster (the other options then refused)."""
     from evoengineer.evaluators.cluster import ClusterOptions, TLSFiles, check_address
 

@@ -52,8 +52,8 @@ def _first_error(text: str) -> str:
 def dir_lock(out_dir: Path) -> Iterator[None]:
     """Hold an exclusive lock on one build folder: processes sharing a cache (the builders of several Dask workers
     of one host) never write the same folder at once; the second finds the first one's outputs up to date."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f"{out_dir.name}.lock", "a") as f:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".evo-build.lock", "a") as f:  # inside: the cache's folders hold builds only
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
