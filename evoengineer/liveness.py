@@ -25,3 +25,20 @@ def holder_alive(host: object, pid: object, last_seen: float, stale_after_s: flo
             return True
         return True
     return time.time() - last_seen < stale_after_s
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Leave (os._exit(1)) as soon as this process's parent is gone: a daemon thread polls the parent pid. For
+    helper processes (builder pool, measuring worker) whose parent may be killed with -9, e.g. a Dask worker: they
+    would otherwise wait for work, or hold a device, for nobody."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="evoengineer-parent-watch", daemon=True).start()

@@ -1,4 +1,5 @@
-"""Kernel-only GPU timing shared by the experiments' benchmarks (run on a GPU host, same process as the baselines)."""
+"""Kernel-only GPU timing and candidate builds shared by the experiments' benchmarks (run on a GPU host, same process
+as the baselines)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,23 @@ def wall_us(fn, n: int = 200) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def build_modules(space, params_list, cache_dir) -> tuple[object, list[tuple[dict, object | None, str]]]:
+    """(task, [(params, loaded module or None, why not)]) for configurations of `space`, built in parallel through the
+    product's Builder (its cache: a configuration built before is not built again)."""
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.compiler.steps import load_module
+    from evoengineer.tasks.base import get_task
+
+    task = get_task(space)
+    factory = CandidateFactory(space)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), cache_dir=cache_dir)
+    try:
+        futures = [(params, b.submit(factory.make(params))) for params in params_list]
+        results = [(params, f.result()) for params, f in futures]
+    finally:
+        b.close()
+    return task, [(params, load_module(r.so, r.module) if r.status == "ok" else None,
+                   "" if r.status == "ok" else f"{r.status}: {r.reason}") for params, r in results]

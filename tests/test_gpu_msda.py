@@ -114,7 +114,8 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     space = load_space(tmp_path / "deadlock.toml")
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
               "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
-              "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False}
+              "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1}
     assert not space.violated(params)
     factory = CandidateFactory(space)
     hang = factory.make(params)

@@ -190,16 +190,9 @@ def builder_init() -> None:
     their parent is gone (a pool's processes would otherwise wait for work forever, e.g. under a Dask worker that
     was killed)."""
     import signal
-    import threading
+
+    from evoengineer.liveness import exit_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MAX_JOBS", "1")
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(2.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="evoengineer-parent-watch", daemon=True).start()
+    exit_with_parent(poll_s=2.0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evoengineer.evaluators.integrity import Guarded, ProtectedInputs, as_bits, checksum, mismatch
+from evoengineer.liveness import exit_with_parent
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "unspecified launch failure", "device-side assert",
               "misaligned address", "an illegal instruction", "CUBLAS_STATUS")
@@ -399,26 +400,11 @@ class Session:
                             flush_l2=bool(self.settings["l2_flush"]))
 
 
-def _exit_with_parent() -> None:
-    """Leave when the parent dies (e.g. a Dask worker killed with -9 mid-candidate): stdin's end-of-file tells an
-    idle worker, this thread one busy in a kernel, which would otherwise hold the device for nobody."""
-    import threading
-    import time
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="evoengineer-parent-watch", daemon=True).start()
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    _exit_with_parent()
+    # a parent killed with -9 (e.g. a Dask worker mid-candidate): stdin's end-of-file tells an idle worker, this
+    # watch one busy in a kernel, which would otherwise hold the device for nobody
+    exit_with_parent()
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # kernel printf and Python prints go to stderr
     session: Session | None = None

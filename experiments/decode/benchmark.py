@@ -39,13 +39,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from evoengineer import SPACES_DIR  # noqa: E402
-from evoengineer.candidate import CandidateFactory  # noqa: E402
-from evoengineer.compiler.builder import Builder  # noqa: E402
-from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.base import get_task  # noqa: E402
 from evoengineer.tasks.decode import DecodeShape, reference  # noqa: E402
-from experiments.gpu_timing import first_line, graph_us  # noqa: E402
+from experiments.gpu_timing import build_modules, first_line, graph_us  # noqa: E402
 
 # (B, Hq, Hkv, Sq, Sk, D): the issue's table; the first is the spaces' timed shape
 SHAPES = [(8, 32, 8, 1, 8192, 128), (1, 32, 8, 1, 32768, 128), (32, 32, 8, 1, 2048, 128), (8, 32, 8, 4, 8192, 128),
@@ -74,19 +70,12 @@ def build_all(kernels: list[tuple[str, object, dict]], cache: Path) -> dict[str,
     for label, space, params in kernels:
         by_space.setdefault(space.name, (space, []))[1].append((label, params))
     for space, items in by_space.values():
-        task = get_task(space)
-        b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), cache_dir=cache)
-        factory = CandidateFactory(space)
-        try:
-            futures = [(label, params, b.submit(factory.make(params))) for label, params in items]
-            results = [(label, params, f.result()) for label, params, f in futures]
-        finally:
-            b.close()
-        for label, params, r in results:
-            if r.status != "ok":
-                print(f"{label}: {params} failed to build: {r.status}: {r.reason}", file=sys.stderr)
+        task, built = build_modules(space, [params for _, params in items], cache)
+        for (label, params), (_, module, why) in zip(items, built):
+            if module is None:
+                print(f"{label}: {params} failed to build: {why}", file=sys.stderr)
                 continue
-            out[label] = (get_task(space), load_module(r.so, r.module), space, params)
+            out[label] = (task, module, space, params)
     return out
 
 

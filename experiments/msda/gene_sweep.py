@@ -80,8 +80,7 @@ def main() -> int:
             shapes = {k: v["p50_us"] for k, v in (met.get("shapes") or {}).items()}
             rows.append({"params": cand.params, "status": m.status, "reason": m.reason, "time_us": met.get("time_us"),
                          "shapes_us": shapes, "baselines_us": met.get("baselines_us"),
-                         "speedup_vs": met.get("speedup_vs"), "max_abs_err": met.get("max_abs_err"),
-                         "registers": (met.get("ptxas") or {}).get("registers")})
+                         "speedup_vs": met.get("speedup_vs"), "max_abs_err": met.get("max_abs_err")})
     varied = sorted({k for c in configs for k in c if len({json.dumps(x.get(k)) for x in configs}) > 1})
     timed = sorted({k for r in rows for k in r["shapes_us"]})
     print(" | ".join(varied + ["status"] + [f"{s} us" for s in timed] + ["x classic", "max err"]))

@@ -27,25 +27,15 @@ def main() -> int:
     import torch
 
     from evoengineer import SPACES_DIR
-    from evoengineer.candidate import CandidateFactory
-    from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
     from evoengineer.space import load_space
-    from evoengineer.tasks.base import get_task
+    from experiments.gpu_timing import build_modules
 
     space = load_space(SPACES_DIR / f"{a.space}.toml")
     doc = json.loads(Path(a.params).read_text())
     params = {**(doc["elites"][0]["params"] if "elites" in doc else doc), **json.loads(a.merge)}
-    task = get_task(space)
-    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                cache_dir=Path(a.cache_dir))
-    try:
-        r = b.submit(CandidateFactory(space).make(params)).result()
-    finally:
-        b.close()
-    if r.status != "ok":
-        raise SystemExit(f"build failed: {r.status}: {r.reason}")
-    module = load_module(r.so, r.module)
+    task, [(_, module, why)] = build_modules(space, [params], Path(a.cache_dir))
+    if module is None:
+        raise SystemExit(f"build failed: {why}")
     shape = next(e.shape for e in task.entries if e.name == a.shape)
     inputs = task.make_inputs(shape, seed=1)
     out = task.new_output(inputs)
