@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--rank", type=_positive_int, default=1, help="which elite (default 1, the fastest)")
     x.add_argument("--out", required=True, help="package folder to write")
     x.add_argument("--force", action="store_true", help="replace --out if it exists")
+    x.add_argument("--per-shape", action="store_true",
+                   help="package the fastest kernel of each timed shape (elite.json's shape_elites); each call "
+                        "runs the one whose shape is nearest to its inputs")
     return ap
 
 
@@ -195,8 +198,9 @@ def cmd_resume(a: argparse.Namespace) -> int:
                          cluster=_cluster_options(a))
 
 
-def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str) -> int:
-    from evoengineer.elite_json import format_table
+def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str,
+                 shape_elites: list[dict] | None = None) -> int:
+    from evoengineer.elite_json import format_shape_table, format_table
 
     if source_rank is not None:
         match = [e for e in elites if e.get("rank") == source_rank]
@@ -208,6 +212,8 @@ def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, whe
         print(json.dumps(elites, indent=2))
     else:
         print(format_table(elites))
+        if shape_elites:
+            print(format_shape_table(shape_elites))
     return 0
 
 
@@ -218,11 +224,11 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     if not a.json and a.source is None:
         print(f"space {doc['space']} | run {doc['run_id']} ({doc['run_status']}) | generation {doc['generation']} "
               f"| {doc['evaluations']} evaluations | {doc['fingerprint'].get('gpu') or doc['fingerprint'].get('cpu')}")
-    return _show_elites(doc["elites"], a.json, a.source, a.file)
+    return _show_elites(doc["elites"], a.json, a.source, a.file, doc.get("shape_elites"))
 
 
 def cmd_elites(a: argparse.Namespace) -> int:
-    from evoengineer.elite_json import build_document
+    from evoengineer.elite_json import build_document, shape_elites
     from evoengineer.search.driver import open_store
     from evoengineer.space.spec import SearchSpace
     from evoengineer.store import StoreError
@@ -235,12 +241,16 @@ def cmd_elites(a: argparse.Namespace) -> int:
     if run is None:
         raise UserError(f"--db {a.db}: the store holds no runs")
     space = SearchSpace.from_text(run.space_text, run.space_path)
-    doc = build_document(run=run, space=space, elites=store.elites(run.id), generation=-1,
-                         evaluations=store.count_candidates(run.id), run_status=run.status)
+    elites = store.elites(run.id)
+    with_source = {e.hash: e for e in elites}
+    shapes = shape_elites(space, store.candidates(run.id),
+                          lambda h: with_source.get(h) or store.find_candidate(run.id, h))
+    doc = build_document(run=run, space=space, elites=elites, generation=-1,
+                         evaluations=store.count_candidates(run.id), run_status=run.status, shape_elites=shapes)
     if not a.json:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(store.status_counts(run.id).items()))
         print(f"run {run.id} | space {run.space_name} | {run.status} {run.stop_reason} | {counts}")
-    return _show_elites(doc["elites"], a.json, None, a.db)
+    return _show_elites(doc["elites"], a.json, None, a.db, doc.get("shape_elites"))
 
 
 def cmd_spaces(a: argparse.Namespace) -> int:
@@ -315,10 +325,15 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     if a.rank < 1:
         raise UserError("--rank: must be at least 1")
-    folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force)
+    if a.per_shape and a.rank != 1:
+        raise UserError("--rank and --per-shape: one or the other (--per-shape packages the best of each shape)")
+    folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force, per_shape=a.per_shape)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
-    task = json.loads((folder / package / "kernel.json").read_text())["build"]["task"]
+    if a.per_shape:
+        task = json.loads((folder / package / "dispatch.json").read_text())["task"]
+    else:
+        task = json.loads((folder / package / "kernel.json").read_text())["build"]["task"]
     print(f"wrote {folder}/ (package {package}): pip install {folder}   then   "
           f"from {package} import {FAMILIES[task]}")
     return 0

@@ -7,7 +7,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from evoengineer.errors import UserError
 from evoengineer.fileio import atomic_open, umask
@@ -18,12 +18,17 @@ SCHEMA = "evoengineer/elite-v1"
 
 
 def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, evaluations: int,
-                   run_status: str, retime_note: str = "") -> dict[str, Any]:
+                   run_status: str, retime_note: str = "",
+                   shape_elites: list[tuple[str, dict[str, Any], Any]] | None = None) -> dict[str, Any]:
     """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords).
     A finished run's elites are ranked by their re-timed p50 when they were re-timed (`retiming` says how, or why
-    not: `retime_note`)."""
+    not: `retime_note`). `shape_elites` (from `shape_elites`: shape name, spec, record with its source) adds the
+    per-shape bests."""
     common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint,
               "build": build_record(space, run)}
+    ranks = {e.hash: i for i, e in enumerate(elites, start=1)}
+    per_shape = {} if shape_elites is None else {"shape_elites": [
+        _shape_entry(name, spec, r, ranks.get(r.hash), run_status, common) for name, spec, r in shape_elites]}
     return {
         "schema": SCHEMA,
         "space": space.name,
@@ -49,7 +54,89 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
              "source_sha256": sha256_text(e.source), "source": e.source}
             for i, e in enumerate(elites, start=1)
         ],
+        **per_shape,
     }
+
+
+def _shape_entry(name: str, spec: dict[str, Any], r: Any, rank: int | None, run_status: str,
+                 common: dict[str, Any]) -> dict[str, Any]:
+    """One shape_elites entry: the shape, the fastest correct kernel on it and what a build needs."""
+    if rank is not None or "sanitizer" in r.metrics:
+        cert = _certification(r, run_status)
+    else:
+        cert = {"certified": False, "sanitizer": {"status": "not run", "reason": "not an elite: only the elites "
+                                                                                 "are certified"}}
+    return {"shape": name, "shape_spec": spec, "hash": r.hash, "params": r.params, "p50_us": _shape_p50(r, name),
+            "objective_us": r.metrics.get("time_us"), "rank": rank, "status": r.status, "generation": r.generation,
+            "metrics": r.metrics, **cert, **common, "source_sha256": sha256_text(r.source), "source": r.source}
+
+
+def timed_shape_names(space: Any) -> list[str]:
+    """Names of the shapes the space times, in space order."""
+    return [d["name"] for d in space.shapes if d.get("time") is True]
+
+
+def _shape_p50(rec: Any, name: str) -> float | None:
+    t = ((rec.metrics.get("shapes") or {}).get(name) or {}).get("p50_us")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t == t and t > 0 else None
+
+
+def shape_winners(space: Any, records: Iterable[Any]) -> list[tuple[str, Any]] | None:
+    """For a space that times 2 or more shapes, per timed shape (in space order) the correct record with the
+    lowest p50 on that shape (ties by hash); shapes no correct record was timed on are left out. None for a space
+    that times fewer shapes (its objective is that one shape's time)."""
+    names = timed_shape_names(space)
+    if len(names) < 2:
+        return None
+    ok = [r for r in records if r.status == "ok"]
+    out = []
+    for name in names:
+        timed = [(t, r.hash, r) for r in ok if (t := _shape_p50(r, name)) is not None]
+        if timed:
+            out.append((name, min(timed, key=lambda x: x[:2])[2]))
+    return out
+
+
+def shape_specs(space: Any) -> dict[str, dict[str, Any]]:
+    """Each timed shape's parameters as the task parses them (e.g. MSDA's Lq = "S" resolved), by name; the space's
+    table less name/checks/time/fresh if the task cannot be made here."""
+    from dataclasses import asdict, is_dataclass
+
+    from evoengineer.tasks.settings import GENERIC_SHAPE_KEYS
+
+    try:
+        from evoengineer.tasks.base import get_task  # imports torch: only asked for when there are per-shape bests
+
+        parsed = {e.name: e.shape for e in get_task(space).entries if e.time}
+    except (ImportError, UserError):
+        parsed = {}
+    out = {}
+    for d in space.shapes:
+        if d.get("time") is not True:
+            continue
+        shape = parsed.get(d["name"])
+        spec = asdict(shape) if is_dataclass(shape) else dict(d)
+        out[d["name"]] = json.loads(json.dumps({k: v for k, v in spec.items()
+                                                if k != "name" and k not in GENERIC_SHAPE_KEYS}))
+    return out
+
+
+def shape_elites(space: Any, records: Iterable[Any], fetch: Callable[[str], Any],
+                 specs: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, dict[str, Any], Any]] | None:
+    """`build_document`'s shape_elites: (shape name, spec, winner with its source) per `shape_winners`, sources
+    fetched by hash (`fetch`: hash -> record with source); None for a space timing fewer than 2 shapes."""
+    winners = shape_winners(space, records)
+    if winners is None:
+        return None
+    if winners and specs is None:
+        specs = shape_specs(space)
+    fetched: dict[str, Any] = {}
+    out = []
+    for name, rec in winners:
+        if rec.hash not in fetched:
+            fetched[rec.hash] = fetch(rec.hash) or rec
+        out.append((name, (specs or {}).get(name, {}), fetched[rec.hash]))
+    return out
 
 
 def build_record(space: Any, run: Any) -> dict[str, Any]:
@@ -131,6 +218,13 @@ def read(path: str | Path) -> dict[str, Any]:
     for i, e in enumerate(doc["elites"]):
         if not isinstance(e, dict) or not isinstance(e.get("params"), dict) or not isinstance(e.get("metrics"), dict):
             raise UserError(f"{path}: elites[{i}]: needs params and metrics tables")
+    shapes = doc.get("shape_elites")  # absent in files of older versions and of spaces timing one shape
+    if shapes is not None:
+        if not isinstance(shapes, list):
+            raise UserError(f"{path}: shape_elites: expected a list")
+        for i, e in enumerate(shapes):
+            if not isinstance(e, dict) or not isinstance(e.get("shape"), str) or not isinstance(e.get("params"), dict):
+                raise UserError(f"{path}: shape_elites[{i}]: needs a shape name and a params table")
     return doc
 
 
@@ -245,6 +339,20 @@ def format_table(elites: list[dict[str, Any]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)
+
+
+def format_shape_table(shape_elites: list[dict[str, Any]] | None) -> str:
+    """The per-shape bests as a short plain-text section ("" without any)."""
+    if not shape_elites:
+        return ""
+    rows = [("shape", "best p50 us", "hash", "elite")]
+    for e in shape_elites:
+        rank = e.get("rank")
+        rows.append((str(e.get("shape")), _num(e.get("p50_us")), str(e.get("hash", ""))[:12],
+                     f"rank {rank}" if rank is not None else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(["per shape (the fastest correct kernel on each timed shape):", *lines])
 
 
 def _num(v: Any, fmt: str = ".3f") -> str:

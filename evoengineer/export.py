@@ -42,7 +42,30 @@ def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str,
     if not match:
         raise UserError(f"{path}: no elite of rank {rank} (ranks 1..{len(elites)})")
     e = match[0]
-    where = f"{path}: elites[rank {rank}]"
+    check_buildable(e, f"{path}: elites[rank {rank}]")
+    return doc, e
+
+
+def select_shape_elites(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The document and its shape_elites (the fastest correct kernel of each timed shape), each checked as
+    `select_elite` checks an elite; UserError when there are none."""
+    doc = elite_json.read(path)
+    entries = doc.get("shape_elites")
+    if not entries:
+        why = ("its run found no correct kernel" if isinstance(entries, list) else
+               "the space times fewer than 2 shapes, or an older EvoEngineer wrote it")
+        raise UserError(f"{path}: no per-shape elites (shape_elites) to export with --per-shape: {why}; "
+                        "export one elite without --per-shape")
+    for e in entries:
+        check_buildable(e, f"{path}: shape_elites[{e['shape']}]")
+        if not isinstance(e.get("shape_spec"), dict):
+            raise UserError(f"{path}: shape_elites[{e['shape']}]: no shape_spec to dispatch by")
+    return doc, entries
+
+
+def check_buildable(e: dict[str, Any], where: str) -> None:
+    """UserError (naming `where`) unless the entry has a build record of a known family and its recorded source,
+    matching its hash."""
     build = e.get("build")
     if not isinstance(build, dict) or not isinstance(build.get("signature"), dict):
         raise UserError(f"{where}: no build record (signature, flags, arch); written by an older EvoEngineer: "
@@ -55,7 +78,10 @@ def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str,
     if e.get("source_sha256") and sha256_text(source) != e["source_sha256"]:
         raise UserError(f"{where}: the recorded source does not match its source_sha256 (edited after the search); "
                         "refusing to build it")
-    return doc, e
+    entry = _task_class(build["task"]).entry
+    if not re.search(rf"\b{re.escape(entry)}\s*\(", source):
+        raise UserError(f"{where}: the recorded source does not define {entry}(), the entry point today's "
+                        f"{build['task']} binding calls (an older kernel interface); re-run the search to export it")
 
 
 def template_drift(doc: dict[str, Any], elite: dict[str, Any]) -> str | None:
@@ -139,14 +165,69 @@ dependencies = ["torch>=2.4", "ninja"]
 packages = ["{package}"]
 
 [tool.setuptools.package-data]
-"{package}" = ["*.cu", "*.cpp", "*.h", "*.json"]
+"{package}" = ["*.cu", "*.cpp", "*.h", "*.json"{data}]
 '''
 
+_INIT_PER_SHAPE = '''"""{summary}
 
-def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = False) -> tuple[Path, str, list[str]]:
-    """Write elite `rank` of `path` as a package folder `out`: returns (folder, package name, notes). The folder
-    appears whole or not at all; an existing one is replaced only with `force`."""
-    doc, e = select_elite(path, rank)
+Exported by EvoEngineer from {source_name} (shape_elites: {n} kernel(s)). Each call runs the kernel whose timed shape is
+nearest to its inputs (`kernel.table`, dispatch.json); a kernel is built when a call first needs it, through
+torch.utils.cpp_extension (cached in $EVOENGINEER_EXPORT_CACHE, default ~/.cache/evoengineer/ops).
+
+    from {package} import {function}
+"""
+
+from pathlib import Path
+
+from .runtime import ShapeDispatch
+
+#: The kernels by shape (`kernel.table`), the row a call would use (`kernel.choose(...)`), the kernels built so far
+#: (`kernel.ops`, KernelOps by hash) and the calls each ran (`kernel.calls`).
+kernel = ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json")
+{function} = kernel.function
+
+
+def with_fallback():
+    """The same function, computing inputs outside the compiled signature with the PyTorch reference (warned once)
+    instead of raising."""
+    return ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json", fallback="reference").function
+
+
+__all__ = ["{function}", "kernel", "with_fallback"]
+'''
+
+_README_PER_SHAPE = ("\nSeveral kernels (one folder each, `kernel-<hash>/`), each the fastest of its search on one "
+                     "timed shape: every call runs the one whose recorded shape (dispatch.json) is nearest to its "
+                     "inputs (sizes compared on a log scale; MSDA encoder calls, Lq = S, go to encoder shapes when "
+                     "there are any). `kernel.build()` builds them all now (before torch.compile or CUDA graph "
+                     "capture).\n")
+
+
+def write_kernels(entries: list[dict[str, Any]], folder_of: Callable[[dict[str, Any]], Path]) -> list[dict[str, Any]]:
+    """A kernel folder (`write_kernel_folder`, at `folder_of(entry)`) per distinct kernel of shape_elites `entries`,
+    and ShapeDispatch's table: one row per shape."""
+    rows, written = [], set()
+    for e in entries:
+        folder = folder_of(e)
+        if e["hash"] not in written:
+            write_kernel_folder(e, folder)
+            written.add(e["hash"])
+        rows.append({"shape": e["shape"], "shape_spec": e["shape_spec"], "hash": e["hash"], "p50_us": e.get("p50_us"),
+                     "objective_us": e.get("objective_us"), "rank": e.get("rank"), "folder": folder})
+    return rows
+
+
+def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = False,
+           per_shape: bool = False) -> tuple[Path, str, list[str]]:
+    """Write elite `rank` of `path` as a package folder `out`: returns (folder, package name, notes). With
+    `per_shape`, the kernels of its shape_elites instead (`rank` unused): the function runs, per call, the one whose
+    timed shape is nearest to the inputs (runtime.ShapeDispatch; the table in dispatch.json). The folder appears
+    whole or not at all; an existing one is replaced only with `force`."""
+    if per_shape:
+        doc, entries = select_shape_elites(path)
+        e = entries[0]
+    else:
+        doc, e = select_elite(path, rank)
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise UserError(f"--out {out}: exists and is not empty (--force replaces it)")
@@ -155,29 +236,53 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
     notes = [n for n in [template_drift(doc, e)] if n]
     task = e["build"]["task"]
     function = FAMILIES[task]
-    package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
-    summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} ({e.get('metrics', {}).get('time_us', 0):.1f}"
-               f" us p50 in its search, {e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''})")
+    where = f"{e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''}"
+    if per_shape:
+        hashes = list(dict.fromkeys(x["hash"] for x in entries))
+        package = re.sub(r"\W", "_", f"evo_{doc['space']}_shapes_{sha256_text(' '.join(hashes))[:10]}").lower()
+        summary = (f"{doc['space']}: {len(hashes)} {task} kernel(s), the fastest of its search on each of "
+                   f"{len(entries)} timed shapes ({', '.join(x['shape'] for x in entries)}), dispatched by shape, "
+                   f"{where}")
+    else:
+        package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
+        summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} "
+                   f"({e.get('metrics', {}).get('time_us', 0):.1f} us p50 in its search, {where})")
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     try:
         os.chmod(tmp, 0o777 & ~umask())
         pkg = tmp / package
-        write_kernel_folder(e, pkg)
+        if per_shape:
+            pkg.mkdir()
+            # "kernel-": not a Python identifier, so setuptools takes the folders as data, not as packages
+            rows = write_kernels(entries, lambda x: pkg / f"kernel-{x['hash'][:16]}")
+            table = {"task": task, "function": function, "space": doc["space"], "run_id": doc["run_id"],
+                     "source": Path(path).name,
+                     "kernels": [dict(r, folder=r["folder"].name) for r in rows]}
+            (pkg / "dispatch.json").write_text(json.dumps(table, indent=2) + "\n")
+            init = _INIT_PER_SHAPE.format(summary=summary, source_name=Path(path).name, n=len(hashes),
+                                          package=package, function=function)
+        else:
+            write_kernel_folder(e, pkg)
+            init = _INIT.format(summary=summary, source_name=Path(path).name, rank=rank, hash12=e["hash"][:12],
+                                package=package, function=function)
         for f in ("runtime.py", "msda_reference.py"):
             shutil.copyfile(OPS_DIR / f, pkg / f)
         shutil.copyfile(OPS_DIR.parent / "space" / "flags.py", pkg / "flags.py")  # the runtime checks build flags
-        (pkg / "__init__.py").write_text(_INIT.format(summary=summary, source_name=Path(path).name, rank=rank,
-                                                      hash12=e["hash"][:12], package=package, function=function))
-        (tmp / "pyproject.toml").write_text(_PYPROJECT.format(dist=package.replace("_", "-"), summary=summary,
-                                                              package=package))
+        (pkg / "__init__.py").write_text(init)
+        (tmp / "pyproject.toml").write_text(_PYPROJECT.format(
+            dist=package.replace("_", "-"), summary=summary, package=package,
+            data=', "kernel-*/*"' if per_shape else ""))
+        compiles = "Each kernel compiles when a call first needs it" if per_shape else \
+            "The kernel compiles on first import"
         (tmp / "README.md").write_text(
             f"# {package}\n\n{summary}.\n\n```python\nfrom {package} import {function}\n```\n\n"
-            "`pip install .` here, or put this folder on PYTHONPATH. The kernel compiles on first import "
+            f"`pip install .` here, or put this folder on PYTHONPATH. {compiles} "
             "(torch.utils.cpp_extension, cached). Inputs outside the compiled signature (kernel.json, "
             "`build.signature`) raise ValueError/TypeError; `with_fallback()` gives a function that computes them "
-            "with the PyTorch reference instead. Forward is the searched kernel; the backward is the reference's.\n")
+            "with the PyTorch reference instead. Forward is the searched kernel; the backward is the reference's.\n"
+            + (_README_PER_SHAPE if per_shape else ""))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -188,20 +293,30 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
 
 
 def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
-         build_root: str | Path | None = None) -> Callable[..., Any]:
+         build_root: str | Path | None = None, per_shape: bool = False) -> Callable[..., Any]:
     """Elite `rank` of an elite.json as the function an exported package exposes (ms_deform_attn,
-    scaled_dot_product_attention or decode_attention), built from the recorded source on first use (cached). The function carries
-    `.kernel` (the KernelOp: ops, signature, elite record)."""
-    from evoengineer.ops.runtime import KernelOp, default_build_root
+    scaled_dot_product_attention or decode_attention), built from the recorded source on first use (cached). The
+    function carries `.kernel` (the KernelOp: ops, signature, elite record). With `per_shape`, the kernels of its
+    shape_elites (`rank` unused), dispatched by shape: `.kernel` is the ShapeDispatch (`table`, `choose`), each
+    kernel built when a call first needs it."""
+    from evoengineer.ops.runtime import KernelOp, ShapeDispatch, default_build_root
 
-    doc, e = select_elite(path, rank)
+    if per_shape:
+        doc, entries = select_shape_elites(path)
+        e = entries[0]
+    else:
+        doc, e = select_elite(path, rank)
     note = template_drift(doc, e)
     if note:
         print(f"evoengineer.load: {note}", file=sys.stderr)
     root = Path(build_root) if build_root else default_build_root()
-    folder = root / "sources" / _module_name(e)
-    write_kernel_folder(e, folder)
-    op = KernelOp(folder, fallback=fallback, build_root=root)
+    if per_shape:
+        rows = write_kernels(entries, lambda x: root / "sources" / _module_name(x))
+        op: Any = ShapeDispatch(rows, fallback=fallback, build_root=root)
+    else:
+        folder = root / "sources" / _module_name(e)
+        write_kernel_folder(e, folder)
+        op = KernelOp(folder, fallback=fallback, build_root=root)
     fn = op.function
 
     def function(*args, **kwargs):

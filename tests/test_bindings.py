@@ -116,3 +116,18 @@ def test_level_checks_follow_in_place_changes(msda):
     inp["level_start_index"][3] = 44
     with pytest.raises(ValueError, match="level_start_index\\[3\\] = 44"):
         _call(mod, inp)
+
+
+def test_head_major_value_needs_a_kernel_that_reads_it(msda):
+    """forward_head_major takes value as [N, M, S, D]; its sizes are checked in that order, and a kernel that reads
+    [N, S, M, D] only (the CPU family) refuses it with one clear line instead of reading the wrong rows."""
+    task, mod = msda
+    inp = _inputs(task)
+    keys = ("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights")
+    out = torch.full((2, 7, 96), float("nan"))
+    args = {**inp, "value": inp["value"].transpose(1, 2).contiguous()}
+    with pytest.raises(ValueError, match=r"reads value as \[N, S, M, D\] only"):
+        mod.forward_head_major(*(args[k] for k in keys), out)
+    assert torch.isnan(out).all()
+    with pytest.raises(ValueError, match="sampling_locations: size 2 \\(M, from value\\) is 3, expected 44"):
+        mod.forward_head_major(*(inp[k] for k in keys), out)  # [N, S, M, D] given where [N, M, S, D] is expected

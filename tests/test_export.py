@@ -267,6 +267,16 @@ def test_export_refuses_what_it_cannot_build_faithfully(msda_elite, tmp_path, ca
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert main(["export", str(tmp_path / "old.json"), "--out", str(tmp_path / "b")]) == 2
     assert "no build record" in capsys.readouterr().err
+    # a kernel of the older MSDA entry point (no layout / workspace arguments): today's binding would call it wrongly
+    from evoengineer.candidate import sha256_text
+
+    abi = json.loads(json.dumps(doc))
+    for e in abi["elites"]:
+        e["source"] = e["source"].replace("evo_msda_forward_v2", "evo_msda_forward")
+        e["source_sha256"] = sha256_text(e["source"])
+    (tmp_path / "abi.json").write_text(json.dumps(abi))
+    assert main(["export", str(tmp_path / "abi.json"), "--out", str(tmp_path / "b")]) == 2
+    assert "does not define evo_msda_forward_v2()" in capsys.readouterr().err
     assert main(["export", str(msda_elite), "--rank", "9", "--out", str(tmp_path / "c")]) == 2
     assert "no elite of rank 9" in capsys.readouterr().err
     (tmp_path / "d").mkdir()
@@ -429,3 +439,186 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path, build_cache_session):
              "i = make_inputs(MSDAShape('x', N=1, Lq=9, M=2, D=32, P=4, levels=((5, 4), (3, 2), (2, 1), (1, 1))), 0); "
              "print(float((f(*[i[k] for k in INPUT_KEYS]).double() - reference(i, dtype=torch.float64)).abs().max()))")
     assert float(run("-c", probe).strip().splitlines()[-1]) < 1e-4
+
+
+# ---- per-shape elites and dispatch ----------------------------------------------------------------------------------
+TWO_TIMED_SHAPES = SMALL_SHAPES[: SMALL_SHAPES.index('[[shapes]]\nname = "timed"')] + '''
+[[shapes]]
+name = "small"
+N = 1
+Lq = 8
+M = 2
+D = 32
+P = 4
+levels = [[4, 4], [2, 2], [1, 1], [1, 1]]
+time = true
+
+[[shapes]]
+name = "encoder"
+N = 2
+Lq = "S"
+M = 8
+D = 32
+P = 4
+levels = [[16, 20], [8, 10], [4, 5], [2, 3]]
+ref = "pixels"
+time = true
+'''
+ENCODER_S = 16 * 20 + 8 * 10 + 4 * 5 + 2 * 3
+
+
+@pytest.fixture(scope="module")
+def two_shape_search(tmp_path_factory, build_cache_session) -> Path:
+    """A budget-5 search of the small CPU space timed on a tiny decoder-like shape and an encoder shape (Lq = S):
+    its folder (s.db, elite.json)."""
+    d = tmp_path_factory.mktemp("two_shapes")
+    text = (SPACES_DIR / "cpu_msda.toml").read_text()
+    (d / "two.toml").write_text(text[: text.index("[[shapes]]")].replace("repeats = 20", "repeats = 3")
+                                + TWO_TIMED_SHAPES)
+    rc = main(["search", "--space", str(d / "two.toml"), "--budget", "5", "--population", "5", "--db",
+               f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--cache-dir", str(build_cache_session),
+               "--quiet"])
+    assert rc == 0
+    return d
+
+
+def test_elite_json_holds_the_best_of_each_timed_shape(two_shape_search, msda_elite):
+    from evoengineer.candidate import sha256_text
+    from evoengineer.store import Store
+
+    doc = json.loads((two_shape_search / "elite.json").read_text())
+    store = Store(f"sqlite:///{two_shape_search / 's.db'}", create=False)
+    recs = [r for r in store.candidates(doc["run_id"]) if r.status == "ok"]
+    assert len(recs) >= 2
+    entries = doc["shape_elites"]
+    assert [e["shape"] for e in entries] == ["small", "encoder"]
+    elite_rank = {e["hash"]: e["rank"] for e in doc["elites"]}
+    for e in entries:
+        name = e["shape"]
+        best = min(recs, key=lambda r: (r.metrics["shapes"][name]["p50_us"], r.hash))
+        assert (e["hash"], e["p50_us"], e["objective_us"]) == \
+            (best.hash, best.metrics["shapes"][name]["p50_us"], best.metrics["time_us"])
+        assert e["p50_us"] < e["objective_us"] and e["status"] == "ok" and e["params"] == best.params
+        assert e["rank"] == elite_rank.get(e["hash"])
+        assert e["source"] == store.find_candidate(doc["run_id"], e["hash"]).source != ""
+        assert e["source_sha256"] == sha256_text(e["source"]) and e["build"] == doc["elites"][0]["build"]
+    assert entries[1]["shape_spec"] == {"N": 2, "Lq": ENCODER_S, "M": 8, "D": 32, "P": 4, "ref": "pixels",
+                                        "levels": [[16, 20], [8, 10], [4, 5], [2, 3]]}
+    assert entries[0]["shape_spec"]["Lq"] == 8 and entries[0]["shape_spec"]["ref"] == "random"
+    # one timed shape: no key, as before
+    assert "shape_elites" not in json.loads(msda_elite.read_text())
+
+
+def test_elites_and_inspect_print_the_shape_section(two_shape_search, capsys, monkeypatch):
+    doc = json.loads((two_shape_search / "elite.json").read_text())
+    monkeypatch.chdir(two_shape_search)
+    for argv in (["elites", "--db", "sqlite:///s.db"], ["inspect", "elite.json"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        section = out[out.index("per shape"):].splitlines()
+        assert len(section) == 2 + len(doc["shape_elites"]) and section[1].split()[0] == "shape"
+        for e, line in zip(doc["shape_elites"], section[2:]):
+            assert line.split()[:3] == [e["shape"], f"{e['p50_us']:.3f}", e["hash"][:12]]
+            assert line.endswith(f"rank {e['rank']}" if e["rank"] else "-")
+    assert main(["elites", "--db", "sqlite:///s.db", "--json"]) == 0
+    assert "per shape" not in capsys.readouterr().out
+
+
+def _distinct_kernels(doc: dict) -> dict:
+    """The document with distinct kernels on its two shapes: when one kernel won both, the encoder entry takes the
+    kernel of another elite (a real, built candidate; dispatch goes by shape_spec only)."""
+    doc = json.loads(json.dumps(doc))
+    small, enc = doc["shape_elites"]
+    if enc["hash"] == small["hash"]:
+        other = next(e for e in doc["elites"] if e["hash"] != small["hash"])
+        enc.update({k: other[k] for k in ("hash", "params", "source", "source_sha256", "rank")})
+    return doc
+
+
+def _near(shape_name: str, seed: int):
+    """Inputs near one of the timed shapes (not equal to it)."""
+    if shape_name == "small":
+        shape = MSDAShape("near_small", N=1, Lq=10, M=2, D=32, P=4, levels=((5, 4), (2, 3), (1, 1), (1, 1)))
+    else:
+        shape = MSDAShape("near_enc", N=2, Lq=12 * 16 + 6 * 8 + 3 * 4 + 2 * 2, M=8, D=32, P=4,
+                          levels=((12, 16), (6, 8), (3, 4), (2, 2)), ref="pixels")
+    return make_inputs(shape, seed)
+
+
+def test_export_per_shape_routes_each_call_to_its_kernel(two_shape_search, tmp_path, capsys):
+    doc = _distinct_kernels(json.loads((two_shape_search / "elite.json").read_text()))
+    src = tmp_path / "elite.json"
+    src.write_text(json.dumps(doc))
+    out = tmp_path / "pkg"
+    assert main(["export", str(src), "--out", str(out), "--per-shape"]) == 0
+    assert "from evo_" in capsys.readouterr().out
+    (pkg,) = [p for p in out.iterdir() if p.is_dir()]
+    sys.path.insert(0, str(out))
+    try:
+        mod = importlib.import_module(pkg.name)
+    finally:
+        sys.path.remove(str(out))
+    want = {e["shape"]: e["hash"] for e in doc["shape_elites"]}
+    table = json.loads((pkg / "dispatch.json").read_text())
+    assert table["task"] == "msda" and [(r["shape"], r["hash"]) for r in table["kernels"]] == list(want.items())
+    assert sorted(p.name for p in pkg.glob("kernel-*")) == sorted(f"kernel-{h[:16]}" for h in want.values())
+    for r in table["kernels"]:
+        kernel = json.loads((pkg / r["folder"] / "kernel.json").read_text())
+        assert kernel["hash"] == r["hash"] and (pkg / r["folder"] / kernel["source_file"]).read_text() == \
+            next(e["source"] for e in doc["shape_elites"] if e["hash"] == r["hash"])
+    dispatch = mod.kernel
+    assert [r["shape"] for r in dispatch.table] == ["small", "encoder"] and dispatch.ops == {}
+    for i, name in enumerate(["small", "encoder"]):
+        inputs = _near(name, i)
+        assert dispatch.choose(*_args(inputs))["hash"] == want[name]
+        got = mod.ms_deform_attn(*_args(inputs))
+        assert (got.double() - reference(inputs, dtype=torch.float64)).abs().max() < 1e-4
+        assert dispatch.calls == {h: int(h in list(want.values())[: i + 1]) for h in want.values()}
+        assert set(dispatch.ops) == set(list(want.values())[: i + 1])  # built when first needed, not before
+    # under torch.compile(fullgraph=True), both shapes (a recompile with dynamic sizes): the same kernels
+    compiled = torch.compile(mod.ms_deform_attn, fullgraph=True)
+    for i, name in enumerate(["small", "encoder"]):
+        inputs = _near(name, 20 + i)
+        before = dict(dispatch.calls)
+        assert torch.equal(compiled(*_args(inputs)), mod.ms_deform_attn(*_args(inputs)))
+        assert dispatch.calls[want[name]] == before[want[name]] + 2
+    # a decoder-like call as large as the encoder shape: Lq != S, so the (only) shape of that kind
+    big = make_inputs(MSDAShape("dec", N=2, Lq=300, M=8, D=32, P=4, levels=((16, 20), (8, 10), (4, 5), (2, 3))), 5)
+    assert dispatch.choose(*_args(big))["shape"] == "small"
+    # misfits: still each kernel's own checks (raise), or the reference with the fallback
+    with pytest.raises(ValueError, match="P = 8 points"):
+        mod.ms_deform_attn(*_args(make_inputs(MSDAShape("x", N=1, Lq=3, M=2, D=32, P=8,
+                                                        levels=((4, 4), (2, 2), (1, 1), (1, 1))), 1)))
+    odd = make_inputs(MSDAShape("x", N=1, Lq=5, M=2, D=16, P=2, levels=((4, 4), (2, 2), (1, 1), (1, 1))), 2)
+    with pytest.warns(UserWarning, match="fallback='reference'"):
+        assert torch.allclose(mod.with_fallback()(*_args(odd)), reference(odd))
+
+
+def test_load_per_shape(two_shape_search):
+    import evoengineer
+
+    doc = json.loads((two_shape_search / "elite.json").read_text())
+    fn = evoengineer.load(two_shape_search / "elite.json", per_shape=True)
+    assert fn.__name__ == "ms_deform_attn"
+    assert [(r["shape"], r["hash"], r["p50_us"]) for r in fn.kernel.table] == \
+        [(e["shape"], e["hash"], e["p50_us"]) for e in doc["shape_elites"]]
+    for i, e in enumerate(doc["shape_elites"]):
+        inputs = _near(e["shape"], 10 + i)
+        assert fn.kernel.choose(*_args(inputs))["shape"] == e["shape"]
+        got = fn(*_args(inputs))
+        assert (got.double() - reference(inputs, dtype=torch.float64)).abs().max() < 1e-4
+    assert sum(fn.kernel.calls.values()) == 2 and set(fn.kernel.ops) == {e["hash"] for e in doc["shape_elites"]}
+
+
+def test_export_per_shape_refused_without_shape_elites(msda_elite, tmp_path, capsys):
+    import evoengineer
+    from evoengineer.errors import UserError
+
+    assert main(["export", str(msda_elite), "--out", str(tmp_path / "p"), "--per-shape"]) == 2
+    err = capsys.readouterr().err
+    assert "no per-shape elites (shape_elites)" in err and "fewer than 2 shapes" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "p").exists() and not list(tmp_path.iterdir())
+    with pytest.raises(UserError, match="no per-shape elites"):
+        evoengineer.load(msda_elite, per_shape=True)
+    assert main(["export", str(msda_elite), "--out", str(tmp_path / "p"), "--per-shape", "--rank", "2"]) == 2
+    assert "one or the other" in capsys.readouterr().err

@@ -65,7 +65,7 @@ def test_search_over_planted_faults(faults_dir: Path, build_cache: Path, monkeyp
             assert m["max_abs_err"] < 1e-4 and "build_s" in m
     doc = json.loads((faults_dir / "elite.json").read_text())
     assert [e["params"]["FAULT"] for e in doc["elites"]] == ["none", "none"]
-    assert all(e["metrics"]["time_us"] > 0 and "evo_msda_forward" in e["source"] for e in doc["elites"])
+    assert all(e["metrics"]["time_us"] > 0 and "evo_msda_forward_v2" in e["source"] for e in doc["elites"])
 
 
 def test_worker_killed_from_outside_is_replaced(faults_dir: Path, build_cache: Path):

@@ -31,8 +31,8 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     rnd = random.Random(1)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(10, len(valid)))}
     # every code path: registers / shared / specialized metadata, staged values, the small-level cache, branch-free
-    # corners, half2 sums, and the query-window path (every tile size, margin and head count)
-    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2"):
+    # corners, half2 sums, head-major value, and the query-window path (every tile size, margin and head count)
+    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2", "HEAD_MAJOR"):
         with_gene = [g for g in valid if space.genome_to_params(g)[gene]]
         picks.update(rnd.sample(with_gene, min(3, len(with_gene))))
     for key in ("WINDOW_TILE", "WINDOW_MARGIN", "WINDOW_HEADS"):
@@ -48,6 +48,86 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     ok = [m for _, m in results if m.status == "ok"]
     assert ok and all(m.metrics["max_abs_err"] < 1e-2 and m.metrics["speedup_vs"]["classic"] > 0 for m in ok)
 
+
+
+def test_fused_softmax_of_logits_on_every_path(tmp_path: Path, build_cache: Path):
+    """Signature ATTENTION = "logits" (rows of logits shifted by up to +-150: no max subtracted overflows): genomes
+    of every metadata path (registers with and without prefetch, shared, specialized, staged values, window tiles)
+    match the float64 softmax + MSDA reference on every shape, fresh inputs each."""
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    text = (SPACES_DIR / "cuda_msda_fp16.toml").read_text()
+    text = text.replace('VALUE_DTYPE = "float16"', 'VALUE_DTYPE = "float16"\nATTENTION = "logits"')
+    (tmp_path / "logits.toml").write_text(text)
+    space = load_space(tmp_path / "logits.toml")
+    valid = space.valid_genomes()
+    rnd = random.Random(3)
+    params = [space.genome_to_params(g) for g in valid]
+    paths = {
+        "registers": lambda p: p["NUM_PRODUCER_WARPS"] == 0 and not p["SHARED_META"] and not p["PREFETCH"],
+        "registers_prefetch": lambda p: p["NUM_PRODUCER_WARPS"] == 0 and not p["SHARED_META"] and p["PREFETCH"],
+        "shared": lambda p: p["SHARED_META"],
+        "specialized": lambda p: p["NUM_PRODUCER_WARPS"] > 0 and not p["STAGE_VALUES"],
+        "staged": lambda p: p["STAGE_VALUES"],
+        "window4": lambda p: p["WINDOW_TILE"] == 4,
+        "window8_head_major": lambda p: p["WINDOW_TILE"] == 8 and p["HEAD_MAJOR"],
+    }
+    picks = {name: rnd.choice([g for g, p in zip(valid, params) if pred(p)]) for name, pred in paths.items()}
+    factory = CandidateFactory(space)
+    cands = [factory.from_genome(g) for g in picks.values()]
+    with LocalEvaluator(space, cache_dir=build_cache) as ev:
+        results = list(ev.evaluate_many(cands))
+    bad = [(c.params, m.status, m.reason) for c, m in results if m.status not in ("ok", "gate_failed")]
+    assert not bad, bad
+    assert sum(m.status == "ok" for _, m in results) >= len(paths) - 1
+
+
+def test_head_major_value_gives_the_same_output(build_cache: Path):
+    """A HEAD_MAJOR genome copies [N, S, M, D] value into a workspace first (forward) or reads head-major value as
+    given (forward_head_major): both equal the reference, on the window path too, and the input stays untouched; a
+    genome that reads [N, S, M, D] refuses head-major value with a clear error."""
+    from evoengineer.compiler.steps import load_module
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.tasks.base import get_task
+    from evoengineer.tasks.msda import INPUT_KEYS, MSDAShape
+
+    space = load_space(SPACES_DIR / "cuda_msda_fp16.toml")
+    task = get_task(space)
+    base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
+            "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 2,
+            "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
+            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": True}
+    genomes = [base, {**base, "BRANCH_FREE": True, "SHARED_META": True, "PREFETCH": False},
+               {**base, "NUM_WARPS": 4, "WINDOW_TILE": 8, "WINDOW_MARGIN": 2}, {**base, "HEAD_MAJOR": False}]
+    for g in genomes:
+        assert not space.violated(g), (g, space.violated(g))
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir=build_cache)
+    try:
+        built = [b.submit(CandidateFactory(space).make(g)).result() for g in genomes]
+    finally:
+        b.close()
+    assert all(r.status == "ok" for r in built), [(r.status, r.reason) for r in built]
+    levels = ((20, 33), (10, 17), (5, 9), (3, 5))
+    S = sum(h * w for h, w in levels)
+    for shape in (MSDAShape("dec", N=2, Lq=77, M=8, D=32, P=4, levels=levels),
+                  MSDAShape("enc", N=1, Lq=S, M=5, D=32, P=4, levels=levels, ref="pixels")):
+        inputs = task.make_inputs(shape, 11)
+        want = task.reference(inputs)
+        head_major = inputs["value"].transpose(1, 2).contiguous()
+        for g, r in zip(genomes, built):
+            mod = load_module(r.so, r.module)
+            for fn, value in ((mod.forward, inputs["value"]), (mod.forward_head_major, head_major)):
+                out = task.new_output(inputs)
+                args = {**inputs, "value": value}
+                if fn is mod.forward_head_major and not g["HEAD_MAJOR"]:
+                    with pytest.raises(ValueError, match=r"reads value as \[N, S, M, D\] only"):
+                        fn(*(args[k] for k in INPUT_KEYS), out)
+                    continue
+                assert fn(*(args[k] for k in INPUT_KEYS), out) == 0
+                torch.cuda.synchronize()
+                assert (out.double() - want).abs().max().item() < 1e-2, (g, shape.name)
+            assert torch.equal(inputs["value"].transpose(1, 2), head_major)  # input untouched
 
 def test_gpu_faults_are_isolated(tmp_path: Path, build_cache: Path, monkeypatch):
     """Every planted GPU fault classified; every correct candidate is an elite (--elite 6), so each runs under
@@ -115,7 +195,7 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
               "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1}
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": False}
     assert not space.violated(params)
     factory = CandidateFactory(space)
     hang = factory.make(params)

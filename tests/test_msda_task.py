@@ -124,20 +124,20 @@ def _run(lib: ctypes.CDLL, inputs: dict[str, torch.Tensor]) -> tuple[int, torch.
     N, S, M, D = v.shape
     out = torch.full((N, loc.shape[1], M * D), float("nan"), dtype=torch.float32)
     ptrs = [inputs[k].contiguous().data_ptr() for k in msda.INPUT_KEYS] + [out.data_ptr()]
-    rc = lib.evo_msda_forward(*ptrs, N, S, M, loc.shape[1], None)
+    rc = lib.evo_msda_forward_v2(*ptrs, N, S, M, loc.shape[1], 0, None, None, None)
     return rc, out
 
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    lib.evo_msda_forward.restype = ctypes.c_int
-    lib.evo_msda_forward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+    lib.evo_msda_forward_v2.restype = ctypes.c_int
+    lib.evo_msda_forward_v2.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 3
     return lib
 
 
 def test_template_renders_strict_and_rejects_missing_vars():
     src = _render(BUILDS[0][0])
-    assert "struct MsdaTraits" in src and 'extern "C" int evo_msda_forward(' in src
+    assert "struct MsdaTraits" in src and 'extern "C" int evo_msda_forward_v2(' in src
     with pytest.raises(jinja2.UndefinedError):
         _render({k: v for k, v in BUILDS[0][0].items() if k != "D_VEC"})
 
@@ -176,3 +176,34 @@ def test_pixel_reference_points_follow_the_query_position():
         msda.MSDAShape.from_dict({"name": "x", "N": 1, "Lq": "S", "M": 1, "D": 8, "P": 4, "levels": [[1, 1]],
                                   "ref": "grid"})
     assert msda.ENCODER.ref == "pixels" and msda.DECODER.ref == "random"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpu_template_softmaxes_logits(tmp_path):
+    """Signature ATTENTION = "logits": the kernel softmaxes each (n, q, m)'s L * P logits itself, stably (rows shifted
+    by up to +-150 would overflow exp without the row maximum subtracted); value_layout 1 (head-major) is refused."""
+    ctxs = [{"L": 4, "P": 4, "D": 32, "ATTENTION": "logits", **g} for g in GENE_SETS[:2]]
+    libs = [_load(_compile(_render(c), tmp_path, f"logits{i}")) for i, c in enumerate(ctxs)]
+    for lib in libs:
+        for seed, shape in enumerate(SMALL_SHAPES):
+            inputs = msda.make_inputs(shape, seed=7 + seed, logits=True)
+            rc, out = _run(lib, inputs)
+            assert rc == 0 and torch.isfinite(out).all()
+            want = msda.reference(inputs, dtype=torch.float64, logits=True)
+            assert (out.double() - want).abs().max().item() < 1e-4
+            # the raw logits as weights give something else entirely
+            assert (out.double() - msda.reference(inputs, dtype=torch.float64)).abs().max().item() > 1e-1
+        v = msda.make_inputs(SMALL_SHAPES[0], seed=1)
+        ptrs = [v[k].data_ptr() for k in msda.INPUT_KEYS] + [torch.empty(1).data_ptr()]
+        assert lib.evo_msda_forward_v2(*ptrs, 1, 1, 1, 1, 1, None, None, None) == 7
+
+
+def test_logit_inputs_and_reference():
+    shape = msda.ODD_SHAPES[1]
+    w = msda.make_inputs(shape, seed=4)
+    lg = msda.make_inputs(shape, seed=4, logits=True)
+    assert torch.equal(w["sampling_locations"], lg["sampling_locations"]) and torch.equal(w["value"], lg["value"])
+    assert lg["attention_weights"].abs().max() > 88  # exp overflows in fp32 without the max subtracted
+    soft = torch.softmax(lg["attention_weights"].double().flatten(-2), -1).view(lg["attention_weights"].shape)
+    want = msda.reference({**lg, "attention_weights": soft}, dtype=torch.float64)
+    assert torch.allclose(msda.reference(lg, dtype=torch.float64, logits=True), want)

@@ -15,6 +15,9 @@ work, and exposes the calling convention users already have:
   query ``[B, Hq, Sq <= 16, D]`` against a KV cache ``[B, Hkv, Sk, D]`` (Hq a multiple of Hkv: grouped-query
   attention), sequence b seeing its first ``seq_lens[b]`` keys.
 
+`ShapeDispatch` holds several such kernels, each the fastest of its search on one timed shape, and runs per call the
+one whose shape is nearest to the inputs (built when a call first needs it; `build()` builds them all).
+
 Inputs outside the compiled signature raise ValueError/TypeError naming the argument and both values, unless the op
 was made with ``fallback="reference"``: then the plain-PyTorch reference computes them (warned once). The kernels
 are forward-only; gradients come from the reference's backward (a second custom op, so compiled graphs stay whole).
@@ -103,6 +106,11 @@ def decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens,
     dk = dk.view(B, Hkv, -1, Sk, D).sum(2) * k_scale.float().view(1, -1, 1, 1)
     dv = dv.view(B, Hkv, -1, Sk, D).sum(2) * v_scale.float().view(1, -1, 1, 1)
     return dq, dk, dv
+
+
+def _softmax_lp(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Softmax of MSDA attention logits [N, Lq, M, L, P] over each (n, q, m)'s L * P values, in `dtype`."""
+    return torch.softmax(attention.to(dtype).flatten(-2), dim=-1).view(attention.shape)
 
 
 def default_build_root() -> Path:
@@ -249,6 +257,7 @@ class KernelOp:
     # ---- msda -------------------------------------------------------------------------------------------------------
     def _register_msda(self, name: str) -> None:
         module = self.module
+        logits = self.msda_logits
 
         @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
         def op(value: torch.Tensor, spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
@@ -270,8 +279,12 @@ class KernelOp:
                         level_start_index: torch.Tensor, sampling_locations: torch.Tensor,
                         attention_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             dt = torch.float64 if value.dtype == torch.float64 else torch.float32
+            weights = _softmax_lp(attention_weights, dt) if logits else attention_weights
             gv, gl, ga = msda_reference_backward(grad, value, spatial_shapes, level_start_index, sampling_locations,
-                                                 attention_weights, dtype=dt)
+                                                 weights, dtype=dt)
+            if logits:  # through the softmax over L * P: w * (g - sum(g * w))
+                w, g = weights.to(dt).flatten(-2), ga.to(dt).flatten(-2)
+                ga = (w * (g - (g * w).sum(-1, keepdim=True))).view(attention_weights.shape)
             return gv.to(value.dtype), gl.to(sampling_locations.dtype), ga.to(attention_weights.dtype)
 
         @backward_op.register_fake
@@ -289,6 +302,11 @@ class KernelOp:
 
         op.register_autograd(backward, setup_context=setup_context)
         self.op, self.backward_op = op, backward_op
+
+    @property
+    def msda_logits(self) -> bool:
+        """The kernel takes attention logits (signature ATTENTION = "logits") and softmaxes them over L * P."""
+        return self.signature.get("ATTENTION", "weights") == "logits"
 
     def msda_misfit(self, value, spatial_shapes, level_start_index, sampling_locations,
                     attention_weights) -> tuple[str, type[Exception]] | None:
@@ -353,6 +371,8 @@ class KernelOp:
         if misfit is not None:
             self._outside(*misfit)
             dt = torch.float64 if value.dtype == torch.float64 else torch.float32
+            if self.msda_logits:
+                args = (*args[:4], _softmax_lp(attention_weights, dt))
             return msda_reference(*args, dtype=dt).to(value.dtype)
         return self.op(*(t.contiguous() for t in args))
 
@@ -567,3 +587,125 @@ class KernelOp:
             return decode_reference(query, key_cache, value_cache, ks, vs, seq_lens, scale)
         return self.op(query.contiguous(), key_cache.contiguous(), value_cache.contiguous(), ks, vs,
                        seq_lens.to(torch.int32).contiguous(), scale)
+
+
+# ---- several kernels, one per timed shape ----------------------------------------------------------------------------
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _msda_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
+    value, loc = _arg(args, kwargs, 0, "value"), _arg(args, kwargs, 3, "sampling_locations")
+    N, S, M, Lq = int(value.shape[0]), int(value.shape[1]), int(value.shape[2]), int(loc.shape[1])
+    return {"N": N, "Lq": Lq, "M": M, "S": S}, (True if Lq == S else False,)  # a plain bool, also under torch.compile
+
+
+def _msda_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
+    S = sum(h * w for h, w in spec["levels"])
+    return {"N": spec["N"], "Lq": spec["Lq"], "M": spec["M"], "S": S}, (spec["Lq"] == S,)
+
+
+def _sdpa_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
+    q, k = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
+    causal = bool(_arg(args, kwargs, 5, "is_causal"))
+    return {"B": int(q.shape[0]), "H": int(q.shape[1]), "Sq": int(q.shape[2]), "Sk": int(k.shape[2])}, (causal,)
+
+
+def _sdpa_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
+    return {k: spec[k] for k in ("B", "H", "Sq", "Sk")}, (bool(spec.get("causal", False)),)
+
+
+def _decode_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
+    q, kc = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key_cache")
+    return {"B": int(q.shape[0]), "Hq": int(q.shape[1]), "Sq": int(q.shape[2]), "Hkv": int(kc.shape[1]),
+            "Sk": int(kc.shape[2])}, ()
+
+
+def _decode_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
+    return {"B": spec["B"], "Hq": spec["Hq"], "Sq": spec.get("Sq", 1), "Hkv": spec["Hkv"], "Sk": spec["Sk"]}, ()
+
+
+#: task -> (features of a call's arguments, features of a recorded shape spec): sizes compared on a log scale, and
+#: a kind that must match when a recorded shape matches it (MSDA: Lq == S, encoder self-attention; SDPA: causal)
+SHAPE_FEATURES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "msda": (_msda_call, _msda_spec), "sdpa": (_sdpa_call, _sdpa_spec), "decode": (_decode_call, _decode_spec)}
+_FUNCTIONS = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention", "decode": "decode_attention"}
+
+
+def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    """Sum of |log(a/b)| over the sizes both have."""
+    return sum(abs(math.log(max(int(a[k]), 1) / max(int(b[k]), 1))) for k in a if k in b)
+
+
+class ShapeDispatch:
+    """Kernels of one family, each the fastest of its search on one timed shape: a call runs the kernel whose
+    recorded shape is nearest to its inputs (`choose`), built on first use (`KernelOp`; its signature checks and
+    fallback apply as they do alone). `table`: one row per shape (shape, shape_spec, hash, p50_us, folder)."""
+
+    def __init__(self, table: list[dict[str, Any]], *, fallback: str | None = None,
+                 build_root: str | Path | None = None):
+        if not table:
+            raise ValueError("ShapeDispatch: no kernels")
+        self.table = [dict(row, folder=Path(row["folder"])) for row in table]
+        self.fallback = fallback
+        self.build_root = build_root
+        kernels = [json.loads((row["folder"] / "kernel.json").read_text()) for row in self.table]
+        tasks = {k["build"]["task"] for k in kernels}
+        if len(tasks) != 1 or next(iter(tasks)) not in SHAPE_FEATURES:
+            raise ValueError(f"ShapeDispatch: kernels of one family (msda, sdpa, decode) expected, got {sorted(tasks)}")
+        self.task = tasks.pop()
+        self.signature = dict(kernels[0]["build"]["signature"])
+        self.ops: dict[str, KernelOp] = {}  # by hash: the kernels built so far
+        self.calls: dict[str, int] = {row["hash"]: 0 for row in self.table}
+        call_features, spec_features = SHAPE_FEATURES[self.task]
+        self._call_features = call_features
+        self._features = [spec_features(row["shape_spec"]) for row in self.table]
+        name = _FUNCTIONS[self.task]
+
+        def function(*args, **kwargs):
+            row = self.choose(*args, **kwargs)
+            self.calls[row["hash"]] += 1
+            return self.op_for(row).function(*args, **kwargs)
+
+        function.__name__ = function.__qualname__ = name
+        function.__doc__ = getattr(KernelOp, name).__doc__
+        self.function: Callable[..., torch.Tensor] = function
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs) -> "ShapeDispatch":
+        """From a dispatch.json (an exported package's): `kernels` rows with folders relative to it."""
+        path = Path(path)
+        doc = json.loads(path.read_text())
+        return cls([dict(row, folder=path.parent / row["folder"]) for row in doc["kernels"]], **kwargs)
+
+    def choose(self, *args, **kwargs) -> dict[str, Any]:
+        """The table row whose kernel a call with these arguments runs: among the recorded shapes of the call's kind
+        (all, if none is), the nearest in sizes; ties to the first in the table."""
+        if len(self.table) == 1:
+            return self.table[0]
+        try:
+            sizes, kind = self._call_features(args, kwargs)
+        except (AttributeError, IndexError, TypeError):
+            return self.table[0]  # not tensors of the family's layout: the first kernel's checks say what is wrong
+        same_kind = any(k == kind for _, k in self._features)
+        best, best_d = 0, math.inf
+        for i, (recorded, k) in enumerate(self._features):  # a plain loop: torch.compile traces it
+            if same_kind and k != kind:
+                continue
+            d = shape_distance(sizes, recorded)
+            if d < best_d:
+                best, best_d = i, d
+        return self.table[best]
+
+    def build(self) -> "ShapeDispatch":
+        """Build every kernel now (before torch.compile or CUDA graph capture, which cannot build one mid-trace)."""
+        for row in self.table:
+            self.op_for(row)
+        return self
+
+    def op_for(self, row: dict[str, Any]) -> KernelOp:
+        """The row's kernel, built and registered on first use."""
+        op = self.ops.get(row["hash"])
+        if op is None:
+            op = self.ops[row["hash"]] = KernelOp(row["folder"], fallback=self.fallback, build_root=self.build_root)
+        return op

@@ -349,4 +349,6 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
                   file=sys.stderr)
         doc = elite_json.read(out)
         print(elite_json.format_table(doc["elites"]))
+        if doc.get("shape_elites"):
+            print(elite_json.format_shape_table(doc["shape_elites"]))
     return 0

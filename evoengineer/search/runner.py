@@ -89,6 +89,7 @@ class Runner:
         self.retime_note = ""  # why the finished run's elites were not re-timed
         self.lease_lost = False
         self.evaluate_calls = 0  # set by the driver's heartbeat thread when another process took the run over
+        self._specs: dict[str, dict[str, Any]] | None = None  # timed shape specs (elite.json's shape_elites)
 
     # ---- identity -------------------------------------------------------------------------------------------------
     def hash_of(self, genome: Sequence[int]) -> str:
@@ -222,6 +223,12 @@ class Runner:
         self.publish(self.best(self.settings.elite), g, finished=True, stats={"gen": g, "stop": reason})
 
     # ---- results --------------------------------------------------------------------------------------------------
+    def _shape_specs(self) -> dict[str, dict[str, Any]] | None:
+        """The timed shapes' specs for elite.json's shape_elites, parsed once (None until a shape has a best)."""
+        if self._specs is None and elite_json.shape_winners(self.space, self.records.values()):
+            self._specs = elite_json.shape_specs(self.space)
+        return self._specs
+
     def retimed(self, proposed: Sequence[str]) -> list[str]:
         """The finalists (the proposed elites, then the next fastest correct candidates, `retime_finalists` x K in
         all) re-timed together by the evaluator (evaluators/retiming.py), best re-timed p50 first. Each finalist's
@@ -311,10 +318,14 @@ class Runner:
         self.elite_hashes = list(elite_hashes)
         self.store.set_elites(self.run.id, elite_hashes)
         elites = self.store.elites(self.run.id)  # with their sources
+        with_source = {e.hash: e for e in elites}
+        shapes = elite_json.shape_elites(
+            self.space, self.records.values(),
+            lambda h: with_source.get(h) or self.store.find_candidate(self.run.id, h), self._shape_specs())
         doc = elite_json.build_document(run=self.run, space=self.space, elites=elites, generation=generation,
                                         evaluations=self.evaluations,
                                         run_status="finished" if finished else "running",
-                                        retime_note=self.retime_note)
+                                        retime_note=self.retime_note, shape_elites=shapes)
         elite_json.write_atomic(self.out, doc)
         for o in self.observers:
             o.on_generation(self, generation, stats or {})

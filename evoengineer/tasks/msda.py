@@ -9,7 +9,8 @@ Tensor layouts (all contiguous):
 * ``level_start_index``   int64 ``[L]``.
 * ``sampling_locations``  float32 ``[N, Lq, M, L, P, 2]`` as normalised ``(x, y)``
   (nominally in ``[0, 1]``, but points may lie outside).
-* ``attention_weights``   float32 ``[N, Lq, M, L, P]`` (softmaxed over ``L * P``).
+* ``attention_weights``   float32 ``[N, Lq, M, L, P]`` (softmaxed over ``L * P``; with the signature option
+  ``ATTENTION = "logits"`` raw logits, which the kernel softmaxes over ``L * P`` itself).
 * output                  ``[N, Lq, M * D]``.
 
 For every ``(n, q, m)``::
@@ -49,6 +50,9 @@ __all__ = [
     "flops",
     "min_bytes",
 ]
+
+#: Signature option ATTENTION: what attention_weights holds (softmaxed weights, or logits the kernel softmaxes).
+ATTENTION_MODES = ("weights", "logits")
 
 #: Keys of the dict returned by make_inputs, in the order of the kernel entry point arguments.
 INPUT_KEYS = ("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights")
@@ -162,7 +166,8 @@ _EDGE_SHARE = 0.10  # share of points deliberately moved to a map edge or well o
 
 
 def make_inputs(
-    shape: MSDAShape, seed: int, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    shape: MSDAShape, seed: int, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    logits: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Random but realistic MSDA inputs for ``shape``, fully determined by ``seed``.
 
@@ -173,6 +178,8 @@ def make_inputs(
     zero-padding paths are exercised. ``value`` is standard normal in ``dtype``; the attention
     weights are a softmax over ``L * P`` of normal logits. Locations and weights are float32.
     Everything is drawn on the CPU from a private ``torch.Generator`` and then moved to ``device``.
+    With ``logits`` the attention input holds the logits instead (the same draws), a tenth of the (n, q, m) rows
+    shifted by up to +-150 so that a kernel which does not subtract the row maximum overflows.
     """
     g = torch.Generator(device="cpu")
     g.manual_seed(int(seed))
@@ -209,8 +216,13 @@ def make_inputs(
     old_coord = loc.gather(-1, axis.unsqueeze(-1)).squeeze(-1)
     loc = loc.scatter(-1, axis.unsqueeze(-1), torch.where(moved, new_coord, old_coord).unsqueeze(-1))
 
-    logits = torch.randn(N, Lq, M, L * P, generator=g, dtype=f32)
-    weights = torch.softmax(logits, dim=-1).view(N, Lq, M, L, P)
+    raw = torch.randn(N, Lq, M, L * P, generator=g, dtype=f32)
+    if logits:
+        shifted = torch.rand(N, Lq, M, 1, generator=g) < 0.1
+        raw = raw + torch.where(shifted, (torch.rand(N, Lq, M, 1, generator=g) * 2 - 1) * 150.0, 0.0)
+        weights = raw.view(N, Lq, M, L, P)
+    else:
+        weights = torch.softmax(raw, dim=-1).view(N, Lq, M, L, P)
 
     hw = torch.tensor(shape.levels, dtype=torch.int64).view(L, 2)
     areas = hw[:, 0] * hw[:, 1]
@@ -226,11 +238,17 @@ def make_inputs(
     return {k: v.to(device) for k, v in out.items()}
 
 
-def reference(inputs: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def reference(inputs: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
+              logits: bool = False) -> torch.Tensor:
     """MSDA forward via ``F.grid_sample`` (one call per level over ``N * M`` batches; evoengineer/ops/msda_reference.py,
     also what exported ops fall back on). Computes in ``dtype`` (float32 or float64; inputs are cast first) on the
-    inputs' device and returns ``[N, Lq, M * D]`` in ``dtype``."""
-    return msda_reference(*(inputs[k] for k in INPUT_KEYS), dtype=dtype)
+    inputs' device and returns ``[N, Lq, M * D]`` in ``dtype``. ``logits``: the attention input holds logits,
+    softmaxed over ``L * P`` (in ``dtype``) first."""
+    args = [inputs[k] for k in INPUT_KEYS]
+    if logits:
+        a = args[4]
+        args[4] = torch.softmax(a.to(dtype).flatten(-2), dim=-1).view(a.shape)
+    return msda_reference(*args, dtype=dtype)
 
 
 def reference_loop_f64(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -304,7 +322,7 @@ class MSDATask(Task):
     """MSDA forward. Signature constants: L, P, D (and VALUE_DTYPE, default float32); the rest is runtime."""
 
     name = "msda"
-    entry = "evo_msda_forward"
+    entry = "evo_msda_forward_v2"
     binding = "bindings/msda_binding.cpp"
 
     def __init__(self, space):
@@ -317,12 +335,17 @@ class MSDATask(Task):
         if dtype_name not in _DTYPES:
             raise UserError(f"{where}.VALUE_DTYPE: one of {', '.join(_DTYPES)}")
         self.value_dtype = _DTYPES[dtype_name]
+        attention = sig.get("ATTENTION", "weights")
+        if attention not in ATTENTION_MODES:
+            raise UserError(f"{where}.ATTENTION: one of {', '.join(repr(m) for m in ATTENTION_MODES)}")
+        self.logits = attention == "logits"
         super().__init__(space)
 
     @staticmethod
     def signature_text(sig) -> str:
         """What the binding checks, from a signature table (the space's, or one recorded in elite.json)."""
-        return f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
+        text = f"L={sig['L']};P={sig['P']};D={sig['D']};VALUE_DTYPE={sig.get('VALUE_DTYPE', 'float32')}"
+        return text + (";ATTENTION=logits" if sig.get("ATTENTION", "weights") == "logits" else "")
 
     def binding_signature(self):
         return self.signature_text(self.space.signature)
@@ -336,10 +359,10 @@ class MSDATask(Task):
         return shape
 
     def make_inputs(self, shape, seed):
-        return make_inputs(shape, seed, dtype=self.value_dtype, device=self.device)
+        return make_inputs(shape, seed, dtype=self.value_dtype, device=self.device, logits=self.logits)
 
     def reference(self, inputs):
-        return reference(inputs, dtype=torch.float64)
+        return reference(inputs, dtype=torch.float64, logits=self.logits)
 
     def new_output(self, inputs):
         v, loc = inputs["value"], inputs["sampling_locations"]
@@ -355,7 +378,7 @@ class MSDATask(Task):
         return self.value_dtype
 
     def baselines(self):
-        return {"reference": lambda inputs: reference(inputs, dtype=torch.float32)}
+        return {"reference": lambda inputs: reference(inputs, dtype=torch.float32, logits=self.logits)}
 
     def baseline_kernels(self):
         return {"classic": "cuda/msda_classic.cu.j2"} if self.space.backend == "cuda" else {}

@@ -46,7 +46,7 @@ def configs_from_args(a, base: dict) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--space", default="cuda_msda_fp16")
+    ap.add_argument("--space", default="cuda_msda_fp16", help="a shipped space's name, or a space file")
     ap.add_argument("--base", help="JSON file: a configuration, or an elite.json (its best elite's params)")
     ap.add_argument("--vary", action="append", default=[], metavar="GENE=v1,v2,...")
     ap.add_argument("--configs", help="JSON list of configurations (merged over --base)")
@@ -59,7 +59,8 @@ def main() -> int:
     from evoengineer.evaluators.local import LocalEvaluator
     from evoengineer.space import load_space
 
-    space = load_space(SPACES_DIR / f"{a.space}.toml")
+    given = Path(a.space)
+    space = load_space(given if given.suffix == ".toml" and given.is_file() else SPACES_DIR / f"{a.space}.toml")
     base = {}
     if a.base:
         doc = json.loads(Path(a.base).read_text())

@@ -15,10 +15,17 @@
 
 namespace {
 
-// Entry point every MSDA template exports as extern "C" evo_msda_forward (value/output typed by the family).
+// Entry point every MSDA template exports as extern "C" evo_msda_forward_v2 (value/output typed by the family).
+// value_layout 0: value [N, S, M, D]; 1: head-major [N, M, S, D] (a kernel that reads only the first returns
+// kLayoutUnsupported). Workspace protocol: called with workspace == nullptr, a kernel that needs scratch memory (a
+// head-major copy of value) launches nothing, writes the bytes it needs to *workspace_bytes and returns
+// kNeedWorkspace; the binding allocates them from torch's caching allocator (stream-ordered) and calls again.
 using MsdaForwardFn = int (*)(const void* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                               const float* sampling_locations, const float* attention_weights, void* output,
-                              int64_t N, int64_t S, int64_t M, int64_t Lq, void* stream);
+                              int64_t N, int64_t S, int64_t M, int64_t Lq, int64_t value_layout, void* workspace,
+                              int64_t* workspace_bytes, void* stream);
+constexpr int kNeedWorkspace = 6;
+constexpr int kLayoutUnsupported = 7;
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
@@ -85,12 +92,13 @@ void check_levels(MsdaState& st, const torch::Tensor& spatial_shapes, const torc
   st.starts_version = level_start_index._version();
 }
 
+// head_major: value is [N, M, S, D] (forward_head_major) instead of [N, S, M, D].
 int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spatial_shapes,
             const torch::Tensor& level_start_index, const torch::Tensor& loc, const torch::Tensor& attn,
-            torch::Tensor& out) {
+            torch::Tensor& out, bool head_major) {
   const auto device = value.device();
   evo_expect_build_device(value, "value");
-  expect(value, "value", 4, "[N, S, M, D]", device);
+  expect(value, "value", 4, head_major ? "[N, M, S, D]" : "[N, S, M, D]", device);
   expect(loc, "sampling_locations", 6, "[N, Lq, M, L, P, 2]", device);
   expect(attn, "attention_weights", 5, "[N, Lq, M, L, P]", device);
   expect(out, "output", 3, "[N, Lq, M * D]", device);
@@ -110,7 +118,8 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
   TORCH_CHECK_TYPE(attn.scalar_type() == torch::kFloat, "attention_weights: dtype ",
                    evo_dtype_name(attn.scalar_type()),
                    ", expected float32");
-  const int64_t N = value.size(0), S = value.size(1), M = value.size(2), Lq = loc.size(1);
+  const int64_t N = value.size(0), S = value.size(head_major ? 2 : 1), M = value.size(head_major ? 1 : 2),
+                Lq = loc.size(1);
   TORCH_CHECK_VALUE(value.size(3) == st.D, "value: head dim D = ", value.size(3),
                     " (size 3), but this kernel was compiled for D = ", st.D, " (", st.signature, ")");
   TORCH_CHECK_VALUE(loc.size(3) == st.L, "sampling_locations: L = ", loc.size(3),
@@ -132,10 +141,24 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
   if (N * Lq * M == 0) return 0;
   TORCH_CHECK_VALUE(S > 0, "value: S = 0 positions, but the levels are at least 1 x 1");
   check_levels(st, spatial_shapes, level_start_index, S);
-  return evo_call_on_stream(device, [&](void* stream) {
-    return st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
-                 loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, stream);
+  const int rc = evo_call_on_stream(device, [&](void* stream) {
+    const auto call = [&](void* workspace, int64_t* bytes) {
+      return st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
+                   loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, head_major ? 1 : 0,
+                   workspace, bytes, stream);
+    };
+    int64_t bytes = 0;
+    int status = call(nullptr, &bytes);
+    if (status == kNeedWorkspace && bytes > 0) {
+      // back to the caching allocator when this returns: reuse is ordered after the kernel on this stream
+      const torch::Tensor workspace = torch::empty({bytes}, value.options().dtype(torch::kUInt8));
+      status = call(workspace.data_ptr(), &bytes);
+    }
+    return status;
   });
+  TORCH_CHECK_VALUE(rc != kLayoutUnsupported || !head_major, "value: this kernel reads value as [N, S, M, D] only "
+                    "(forward_head_major needs a kernel that reads head-major value, e.g. a CUDA MSDA HEAD_MAJOR one)");
+  return rc;
 }
 
 }  // namespace
@@ -154,10 +177,17 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
     m.def("forward",
           [st](const torch::Tensor& value, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
                const torch::Tensor& loc, const torch::Tensor& attn, torch::Tensor out) {
-            return forward(*st, value, spatial_shapes, level_start_index, loc, attn, out);
+            return forward(*st, value, spatial_shapes, level_start_index, loc, attn, out, false);
           },
           "Run the candidate kernel (value, spatial_shapes, level_start_index, sampling_locations, "
           "attention_weights, output); returns its status code (0 = ok). Inputs it was not compiled for raise "
           "ValueError / TypeError.");
+    m.def("forward_head_major",
+          [st](const torch::Tensor& value, const torch::Tensor& spatial_shapes, const torch::Tensor& level_start_index,
+               const torch::Tensor& loc, const torch::Tensor& attn, torch::Tensor out) {
+            return forward(*st, value, spatial_shapes, level_start_index, loc, attn, out, true);
+          },
+          "forward() with value already head-major, [N, M, S, D] (no layout copy); ValueError if the kernel reads "
+          "[N, S, M, D] only.");
   });
 }
