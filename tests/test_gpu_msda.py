@@ -31,8 +31,8 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     rnd = random.Random(1)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(10, len(valid)))}
     # every code path: registers / shared / specialized metadata, staged values, the small-level cache, branch-free
-    # corners, half2 sums, head-major value, and the query-window path (every tile size, margin and head count)
-    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2", "HEAD_MAJOR"):
+    # corners, half2 sums, head-major value, corner-pair loads, and the query-window path (every tile size, margin and head count)
+    for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2", "HEAD_MAJOR", "PAIR_LOADS"):
         with_gene = [g for g in valid if space.genome_to_params(g)[gene]]
         picks.update(rnd.sample(with_gene, min(3, len(with_gene))))
     for key in ("WINDOW_TILE", "WINDOW_MARGIN", "WINDOW_HEADS"):
@@ -96,9 +96,10 @@ def test_head_major_value_gives_the_same_output(build_cache: Path):
     base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
             "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 2,
             "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": True}
+            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": True, "PAIR_LOADS": False}
     genomes = [base, {**base, "BRANCH_FREE": True, "SHARED_META": True, "PREFETCH": False},
-               {**base, "NUM_WARPS": 4, "WINDOW_TILE": 8, "WINDOW_MARGIN": 2}, {**base, "HEAD_MAJOR": False}]
+               {**base, "SHARED_META": True, "PREFETCH": False, "PAIR_LOADS": True},
+               {**base, "NUM_WARPS": 4, "WINDOW_TILE": 8, "WINDOW_MARGIN": 2}, {**base, "HEAD_MAJOR": False, "PAIR_LOADS": False}]
     for g in genomes:
         assert not space.violated(g), (g, space.violated(g))
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
@@ -195,7 +196,7 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
               "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": False}
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": False, "PAIR_LOADS": False}
     assert not space.violated(params)
     factory = CandidateFactory(space)
     hang = factory.make(params)

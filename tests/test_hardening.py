@@ -121,6 +121,37 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path: Path):
         con.close()
 
 
+def test_store_creation_retries_a_wal_switch_that_sqlite_refuses_at_once(tmp_path: Path, monkeypatch):
+    """SQLite answers "database is locked" to the WAL switch at once (no busy wait) when it would deadlock with a
+    concurrent creator (seen in CI: 8 processes creating one store on a loaded machine); creation retries it."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    from evoengineer.store import store as store_mod
+
+    real = store_mod.create_engine
+    refused = []
+
+    def engine_refusing_wal_twice(*a, **k):
+        engine = real(*a, **k)
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def refuse(conn, cursor, statement, *rest):
+            if statement.startswith("PRAGMA journal_mode=WAL") and len(refused) < 2:
+                refused.append(statement)
+                raise OperationalError(statement, {}, sqlite3.OperationalError("database is locked"))
+
+        return engine
+
+    monkeypatch.setattr(store_mod, "create_engine", engine_refusing_wal_twice)
+    s = store_mod.Store(f"sqlite:///{tmp_path / 'wal.db'}")
+    s.close()
+    assert len(refused) == 2
+    con = sqlite3.connect(tmp_path / "wal.db")
+    assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
+    assert con.execute("select value from schema_info").fetchall() == [("1",)]
+
+
 def test_a_store_that_cannot_be_created_leaves_no_file(tmp_path: Path, monkeypatch):
     from sqlalchemy.exc import OperationalError
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from sqlalchemy import bindparam, create_engine, delete, event, func, insert, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from evoengineer.liveness import STALE_AFTER_S, holder_alive
@@ -170,9 +170,19 @@ class Store:
                 fresh = not inspect(conn).get_table_names()
             if fresh:
                 # WAL is a property of the file, set once when the store is created (never on a database that is
-                # not known to be a store: opening one must leave it as it is). Idempotent, so a race is harmless.
-                with self.engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+                # not known to be a store: opening one must leave it as it is). Idempotent, so a race is harmless,
+                # but SQLite answers "database is locked" at once, without waiting out busy_timeout, when the switch
+                # would deadlock with a concurrent creator's exclusive transaction: retried until busy_timeout.
+                deadline = time.monotonic() + 30.0
+                while True:
+                    try:
+                        with self.engine.connect() as conn:
+                            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+                        break
+                    except OperationalError as exc:
+                        if "locked" not in str(exc) or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.02)
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("BEGIN EXCLUSIVE")  # waits (busy_timeout) for a concurrent creator
                 try:

@@ -6,9 +6,9 @@ floor, in one process.
 Per shape (encoder N=1, encoder N=2, decoder) and value dtype (fp16, fp32):
 - the rank-1 elite and, when elite.json holds per-shape elites (`shape_elites`), the one for that shape (the encoder's
   for encoder N=2), each as p50 and x classic;
-- HEAD_MAJOR elites twice: as searched (value [N, S, M, D], the layout copy timed with the kernel) and on value that
-  is already head-major (`forward_head_major`: what a model gets that writes value so from its value projection);
-  the difference is the layout copy's cost;
+- the rank-1 kernel with HEAD_MAJOR, and with HEAD_MAJOR + PAIR_LOADS, twice each: as searched (value [N, S, M, D],
+  the layout copy timed with the kernel) and on value that is already head-major (`forward_head_major`: what a model
+  gets that writes value so from its value projection); the difference is the layout copy's cost;
 - the branch-free gather floor (experiments/msda/gather_floor.py: every sample's 4 corner rows from precomputed
   metadata, no coordinate math) and the elite's time over it; corner rows read per output row (in-map rows) and
   time per million in-map rows;
@@ -84,17 +84,24 @@ def bench_dtype(dtype_name: str, doc: dict, a) -> list[dict]:
     rank1 = doc["elites"][0]["params"]
     per_shape = {e["shape"]: e["params"] for e in doc.get("shape_elites", [])}
     configs = {"rank1": rank1, **{f"shape:{k}": v for k, v in per_shape.items()}}
-    # the layout gene on the rank-1 kernel (at fewer blocks per SM where it does not fit the registers otherwise)
-    tries = [f"head_major@{b}" for b in sorted({rank1["MIN_BLOCKS_PER_SM"], 2, 1}, reverse=True)]
-    if not rank1.get("HEAD_MAJOR"):
-        for label in tries:
-            configs[label] = {**rank1, "HEAD_MAJOR": True, "MIN_BLOCKS_PER_SM": int(label.split("@")[1])}
+    # the layout gene on the rank-1 kernel, and corner-pair loads on it (plain corners, fp32 sums), each at fewer
+    # blocks per SM where it does not fit the registers otherwise
+    variants = {"head_major": {"HEAD_MAJOR": True},
+                "pairs": {"HEAD_MAJOR": True, "PAIR_LOADS": True, "HALF2": False, "BRANCH_FREE": False}}
+    tries = {}
+    for name, change in variants.items():
+        if rank1.get("HEAD_MAJOR"):
+            continue
+        for b in sorted({rank1["MIN_BLOCKS_PER_SM"], 2, 1}, reverse=True):
+            tries.setdefault(name, []).append(f"{name}@{b}")
+            configs[f"{name}@{b}"] = {**rank1, **change, "MIN_BLOCKS_PER_SM": b}
     configs = {k: v for k, v in configs.items() if not space.violated(v)}
-    mods = build_all(space, configs, Path(a.cache_dir), optional=tuple(tries))
-    for label in tries:  # the first that built
-        if label in mods:
-            mods["head_major"], configs["head_major"] = mods[label], configs[label]
-            break
+    mods = build_all(space, configs, Path(a.cache_dir), optional=tuple(x for t in tries.values() for x in t))
+    for name, labels in tries.items():  # the first that built
+        for label in labels:
+            if label in mods:
+                mods[name], configs[name] = mods[label], configs[label]
+                break
     lspace = logits_space(space)
     ltask = get_task(lspace)
     lmods = build_all(lspace, {"rank1": rank1}, Path(a.cache_dir))
@@ -124,8 +131,9 @@ def bench_dtype(dtype_name: str, doc: dict, a) -> list[dict]:
         key = f"shape:{SHAPE_ELITE_FOR[shape.name]}"
         if key in mods:
             kernels.append(("shape", key, per_shape[SHAPE_ELITE_FOR[shape.name]]))
-        if "head_major" in mods:
-            kernels.append(("head_major", "head_major", configs["head_major"]))
+        for name in ("head_major", "pairs"):
+            if name in mods:
+                kernels.append((name, name, configs[name]))
         for label, mkey, params in kernels:
             mod = mods[mkey]
             row[f"{label}_us"] = t(run(mod))
@@ -184,8 +192,8 @@ def bench_dtype(dtype_name: str, doc: dict, a) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'shape':<11}{'dtype':<8}{'rank1 us':>9}{'shape us':>9}{'classic':>9}{'x classic':>10}{'floor us':>9}"
-            f"{'best/floor':>11}{'rows/out':>9}{'us/Mrow':>8}{'HM us':>7}{'HM-in us':>9}{'copy us':>8}{'fused':>7}"
-            f"{'unfused':>8}")
+            f"{'best/floor':>11}{'rows/out':>9}{'us/Mrow':>8}{'HM us':>7}{'HM-in us':>9}{'copy us':>8}"
+            f"{'pairs-in':>9}{'fused':>7}{'unfused':>8}")
     print(head)
     for r in rows:
         best = min(r.get("shape_us", float("inf")), r["rank1_us"])
@@ -195,7 +203,7 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['shape']:<11}{r['dtype']:<8}{f(r['rank1_us'], 9)}{f(r.get('shape_us'), 9)}{f(r['classic_us'], 9)}"
               f"{f(r['classic_us'] / best, 10, 2)}{f(r.get('floor_us'), 9)}{f(r.get('best_over_floor'), 11, 2)}"
               f"{f(r.get('in_map_rows_per_output'), 9)}{f(r.get('best_us_per_m_rows'), 8, 2)}"
-              f"{f(r.get('head_major_us'), 7)}{f(hm, 9)}{f(cp, 8)}"
+              f"{f(r.get('head_major_us'), 7)}{f(hm, 9)}{f(cp, 8)}{f(r.get('pairs_head_major_input_us'), 9)}"
               f"{f(r['logits_fused_us'], 7)}{f(r['logits_unfused_us'], 8)}")
 
 
