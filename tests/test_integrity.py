@@ -218,13 +218,26 @@ def test_each_fault_then_a_healthy_kernel(tmp_path: Path, build_cache: Path):
 
 
 # ---- the sanitizer step before elites are published (a stand-in checker over a replayed landscape) -----------------
+def _grid_runner(toy_dir: Path, space, space_file: Path, ev, db: str):
+    """(runner, store, run id, elite.json path) of a grid run of `space` through `ev`, stored in toy_dir/db."""
+    from evoengineer.search.runner import Runner, SearchSettings
+    from evoengineer.store import Store
+
+    store = Store(f"sqlite:///{toy_dir / db}")
+    settings = SearchSettings(strategy="grid", population=64, generations=0, elite=3, seed=0)
+    rid = store.create_run(space_name=space.name, space_path=str(space_file), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64,
+                           config={**settings.to_dict(), "evaluator": ev.describe()}, seed=0, fingerprint={})
+    out = toy_dir / "elite.json"
+    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings, out=out)
+    return runner, store, rid, out
+
+
 def test_elites_are_certified_and_a_faulty_one_is_replaced(toy_dir: Path):
     import json as _json
 
-    from evoengineer.store import Store
     from evoengineer.evaluators.replay import ReplayEvaluator
     from evoengineer.search import STRATEGIES
-    from evoengineer.search.runner import Runner, SearchSettings
 
     class Sanitized(ReplayEvaluator):
         """Replay, plus a checker that finds fault with the fastest configuration."""
@@ -239,13 +252,7 @@ def test_elites_are_certified_and_a_faulty_one_is_replaced(toy_dir: Path):
 
     space = load_space(toy_dir / "toy_space.toml")
     ev = Sanitized(toy_dir / "landscape.csv", space)
-    store = Store(f"sqlite:///{toy_dir / 's.db'}")
-    settings = SearchSettings(strategy="grid", population=64, generations=0, elite=3, seed=0)
-    rid = store.create_run(space_name=space.name, space_path=str(toy_dir / "toy_space.toml"), space_text=space.text,
-                           template=space.template, template_sha256="t" * 64,
-                           config={**settings.to_dict(), "evaluator": ev.describe()}, seed=0, fingerprint={})
-    out = toy_dir / "elite.json"
-    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings, out=out)
+    runner, store, rid, out = _grid_runner(toy_dir, space, toy_dir / "toy_space.toml", ev, "s.db")
     ranked = None
 
     class Before:  # learn the true ranking before the final publication, and pick the fastest as the faulty one
@@ -285,3 +292,66 @@ def test_elite_json_says_why_an_elite_is_not_certified(toy_dir: Path):
     doc = _json.loads((toy_dir / "e.json").read_text())
     assert doc["elites"] and all(e["certified"] is False and e["sanitizer"]["status"] == "not run"
                                  for e in doc["elites"])
+
+
+def test_shape_winners_are_certified_and_a_faulty_one_is_replaced(toy_dir: Path):
+    """elite.json's shape_elites (what export --per-shape ships) go through the sanitizer like the elites: the
+    fastest kernel on shape "b", which the checker finds fault with, gives way to the next fastest there."""
+    import json as _json
+
+    from evoengineer.evaluators.replay import ReplayEvaluator
+    from evoengineer.search import STRATEGIES
+
+    text = (toy_dir / "toy_space.toml").read_text()
+    text = text.replace('[[shapes]]\nname = "small"\nN = 1\n', "")
+    text += '\n[[shapes]]\nname = "a"\nN = 1\ntime = true\n\n[[shapes]]\nname = "b"\nN = 2\ntime = true\n'
+    (toy_dir / "two.toml").write_text(text)
+    space = load_space(toy_dir / "two.toml")
+    assert [d["name"] for d in space.shapes if d.get("time")] == ["a", "b"]
+
+    def b_time(params):  # shape b ranks the configurations in another order than the objective
+        return 1000.0 / (1 + sum(int(v) for v in params.values() if isinstance(v, (int, bool))))
+
+    class PerShape(ReplayEvaluator):
+        asked: list[list[str]] = []
+
+        def evaluate(self, candidate):
+            m = super().evaluate(candidate)
+            if m.status == "ok":
+                m.metrics["shapes"] = {"a": {"p50_us": m.metrics["time_us"]}, "b": {"p50_us": b_time(candidate.params)}}
+            return m
+
+        def sanitize(self, candidates):
+            self.asked.append([c.hash for c in candidates])
+            return {c.hash: ({"status": "failed", "reason": "memcheck: Invalid __global__ read", "tools": ["x"]}
+                             if c.hash == faulty else {"status": "clean", "reason": "", "tools": ["x"]})
+                    for c in candidates}
+
+    ev = PerShape(toy_dir / "landscape.csv", space)
+    runner, store, rid, out = _grid_runner(toy_dir, space, toy_dir / "two.toml", ev, "p.db")
+    faulty = ""
+    on_b: list[str] = []
+
+    class Before:  # the fastest correct kernels on shape b so far; the fastest of all is the faulty one
+        def on_evaluation(self, r, rec):
+            nonlocal faulty
+            ok = sorted((x for x in r.records.values() if x.status == "ok"),
+                        key=lambda x: (x.metrics["shapes"]["b"]["p50_us"], x.hash))
+            on_b[:] = [x.hash for x in ok[:2]]
+            faulty = on_b[0]
+
+        def on_generation(self, r, generation, stats):
+            pass
+
+    runner.observers.append(Before())
+    STRATEGIES["grid"](runner).run(None)
+    doc = _json.loads(out.read_text())
+    entries = {e["shape"]: e for e in doc["shape_elites"]}
+    assert entries["b"]["hash"] == on_b[1] and entries["b"]["certified"] is True
+    assert entries["a"]["hash"] == doc["elites"][0]["hash"] and entries["a"]["certified"] is True
+    assert store.find_candidate(rid, faulty).status == "sanitizer_error"
+    assert [faulty] in ev.asked and [on_b[1]] in ev.asked
+    asked = len(ev.asked)
+    runner.records = {r.hash: r for r in store.candidates(rid)}
+    runner.certify_shape_winners()
+    assert len(ev.asked) == asked  # verdicts are stored: nothing asked again

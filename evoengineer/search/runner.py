@@ -293,6 +293,19 @@ class Runner:
             chosen += [r.hash for r in batch if r.status == "ok"]
         return chosen
 
+    def certify_shape_winners(self) -> None:
+        """Run the sanitizer on each timed shape's fastest correct kernel (elite.json's shape_elites, which an export
+        --per-shape ships) as on the elites: one it finds fault with becomes `sanitizer_error` and the next fastest
+        on that shape is asked in turn. Stored verdicts are not asked again."""
+        while True:
+            winners = elite_json.shape_winners(self.space, self.records.values()) or []
+            todo = list({r.hash: r for _, r in winners if r.status == "ok" and not _has_verdict(r)}.values())
+            if not todo:
+                return
+            self._sanitize(todo)
+            if not any(_has_verdict(r) for r in todo):
+                return  # this evaluator gives no verdicts
+
     def _sanitize(self, recs: Sequence[CandidateRecord]) -> None:
         """Ask the evaluator's sanitizer about `recs`; store each verdict (a failure turns the record into
         `sanitizer_error`)."""
@@ -315,6 +328,7 @@ class Runner:
         elites are certified first (`certified`)."""
         if finished:
             elite_hashes = self.certified(self.retimed(elite_hashes), want=len(elite_hashes))
+            self.certify_shape_winners()
         self.elite_hashes = list(elite_hashes)
         self.store.set_elites(self.run.id, elite_hashes)
         elites = self.store.elites(self.run.id)  # with their sources
