@@ -35,7 +35,7 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     for gene in ("STAGE_VALUES", "CACHE_SMALL_LEVEL", "SHARED_META", "BRANCH_FREE", "HALF2", "HEAD_MAJOR", "PAIR_LOADS"):
         with_gene = [g for g in valid if space.genome_to_params(g)[gene]]
         picks.update(rnd.sample(with_gene, min(3, len(with_gene))))
-    for key in ("WINDOW_TILE", "WINDOW_MARGIN", "WINDOW_HEADS"):
+    for key in ("WINDOW_TILE", "WINDOW_MARGIN", "WINDOW_HEADS", "WINDOW_STAGES"):
         window = [g for g in valid if space.genome_to_params(g)["WINDOW_TILE"] > 0]
         for value in sorted({space.genome_to_params(g)[key] for g in window}):
             picks.add(rnd.choice([g for g in window if space.genome_to_params(g)[key] == value]))
@@ -71,6 +71,8 @@ def test_fused_softmax_of_logits_on_every_path(tmp_path: Path, build_cache: Path
         "staged": lambda p: p["STAGE_VALUES"],
         "window4": lambda p: p["WINDOW_TILE"] == 4,
         "window8_head_major": lambda p: p["WINDOW_TILE"] == 8 and p["HEAD_MAJOR"],
+        "window_pipeline": lambda p: p["WINDOW_STAGES"] > 0 and p["WINDOW_HEADS"] == 8,
+        "window_pipeline_heads4": lambda p: p["WINDOW_STAGES"] > 0 and p["WINDOW_HEADS"] == 4,
     }
     picks = {name: rnd.choice([g for g, p in zip(valid, params) if pred(p)]) for name, pred in paths.items()}
     factory = CandidateFactory(space)
@@ -80,6 +82,43 @@ def test_fused_softmax_of_logits_on_every_path(tmp_path: Path, build_cache: Path
     bad = [(c.params, m.status, m.reason) for c, m in results if m.status not in ("ok", "gate_failed")]
     assert not bad, bad
     assert sum(m.status == "ok" for _, m in results) >= len(paths) - 1
+
+
+@pytest.mark.parametrize("space_name", ["cuda_msda_fp16", "cuda_msda_fp32"])
+def test_window_pipeline_path_is_correct(space_name: str, build_cache: Path):
+    """Path 5 (WINDOW_STAGES > 0: a producer warp copies level windows with cp.async.bulk behind mbarriers, consumer
+    warps interpolate) on every shape of the space, fresh inputs each: whole window rows (WINDOW_HEADS >= M), one
+    pixel's heads per copy (WINDOW_HEADS < M, a partial last head group at M = 5 and 3), head-major value, tiles of 4
+    and 8, margins 2 to 4, 2 to 4 stages, fp32 sums and HALF2, one or two blocks per SM; the shapes include partial
+    tiles, 1x1 and 1-wide levels, M = 1 / 3 / 5 / 8 and random points, most of them outside their windows."""
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
+            "SHARED_META": True, "PERSISTENT": False, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 1,
+            "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
+            "WINDOW_TILE": 4, "WINDOW_MARGIN": 2, "WINDOW_HEADS": 8, "WINDOW_STAGES": 2, "HEAD_MAJOR": False,
+            "PAIR_LOADS": False}
+    half = space_name == "cuda_msda_fp16"
+    if not half:
+        base["D_STRIDE"] = 4
+    variants = [{}, {"WINDOW_HEADS": 4, "WINDOW_STAGES": 2, "MIN_BLOCKS_PER_SM": 2},
+                {"WINDOW_TILE": 8, "WINDOW_HEADS": 2, "WINDOW_MARGIN": 3, "WINDOW_STAGES": 4},
+                {"WINDOW_HEADS": 1, "WINDOW_MARGIN": 4, "WINDOW_STAGES": 3, "HEAD_MAJOR": True}]
+    if half:
+        variants += [{"HALF2": True, "WINDOW_STAGES": 4}, {"WINDOW_TILE": 8, "WINDOW_HEADS": 4, "HALF2": True}]
+    genomes = [{**base, **v} for v in variants]
+    for g in genomes:
+        assert not space.violated(g), (g, space.violated(g))
+    factory = CandidateFactory(space)
+    cands = [factory.make(g) for g in genomes]
+    assert all("msda_wpipe_kernel" in c.source for c in cands)
+    with LocalEvaluator(space, cache_dir=build_cache) as ev:
+        results = list(ev.evaluate_many(cands))
+    bad = [(c.params, m.status, m.reason) for c, m in results if m.status not in ("ok", "gate_failed")]
+    assert not bad, bad
+    ok = [m for _, m in results if m.status == "ok"]
+    assert len(ok) >= len(genomes) - 1 and all(m.metrics["max_abs_err"] < 1e-2 for m in ok)
 
 
 def test_head_major_value_gives_the_same_output(build_cache: Path):
@@ -96,7 +135,7 @@ def test_head_major_value_gives_the_same_output(build_cache: Path):
     base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
             "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 2,
             "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": True, "PAIR_LOADS": False}
+            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": True, "PAIR_LOADS": False}
     genomes = [base, {**base, "BRANCH_FREE": True, "SHARED_META": True, "PREFETCH": False},
                {**base, "SHARED_META": True, "PREFETCH": False, "PAIR_LOADS": True},
                {**base, "NUM_WARPS": 4, "WINDOW_TILE": 8, "WINDOW_MARGIN": 2}, {**base, "HEAD_MAJOR": False, "PAIR_LOADS": False}]
@@ -196,7 +235,7 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
               "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "HEAD_MAJOR": False, "PAIR_LOADS": False}
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": False, "PAIR_LOADS": False}
     assert not space.violated(params)
     factory = CandidateFactory(space)
     hang = factory.make(params)
