@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -175,6 +176,22 @@ def test_same_results_for_1_2_and_4_simulated_gpu_workers(toy_dir: Path, monkeyp
         docs.append(_plain_doc(doc))
     assert docs[0] == docs[1] == docs[2]  # elite.json: the same but for the scheduler's address
     assert docs[0]["elites"] == plain["elites"] and docs[0]["evaluations"] == 30
+
+
+def test_done_line_gives_each_gpu_workers_busy_share(toy_dir: Path, monkeypatch, clusters, capsys):
+    """On several GPU workers the run's last progress line says how busy each one was (how evenly work spread)."""
+    monkeypatch.chdir(toy_dir)
+    monkeypatch.setenv("EVOENGINEER_REPLAY_DELAY_S", "0.05")
+    assert main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///busy.db",
+                 "--out", "busy.json", "--cluster", clusters[2], "--strategy", "random", "--budget", "16",
+                 "--seed", "1"]) == 0
+    done = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip().startswith("done |")]
+    assert len(done) == 1
+    m = re.search(r"\| per GPU: (\S+) (\d+)%, (\S+) (\d+)% \|", done[0])
+    assert m, done[0]
+    assert m.group(1) != m.group(3) and "gpu" in m.group(1) and "gpu" in m.group(3)
+    # 8 candidates of 50 ms each per worker at best: each was busy a real share of the run
+    assert all(0 < int(m.group(i)) <= 100 for i in (2, 4))
 
 
 # ---- faults: a worker killed mid-candidate, a poison pill -------------------------------------------------------

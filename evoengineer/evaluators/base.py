@@ -80,6 +80,11 @@ class Evaluator(ABC):
         share; None when this evaluator does not say."""
         return None
 
+    def utilization_by_device(self) -> dict[str, float] | None:
+        """Seconds each measuring device (by name) was busy so far, where there are several; None when this
+        evaluator does not say."""
+        return None
+
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """Certify candidates that measured ok under a dynamic checker before they are published as elites: per hash
         {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker

@@ -342,8 +342,9 @@ def measure_task(spec: dict[str, Any], candidate: Candidate, build: dict[str, An
     if build is not None and metrics.get("build_cached") and build.get("toolchain") == _toolchain_key(ev):
         # the compile happened in the build task: report its cost, not the cache hit's
         metrics["build_s"], metrics["build_cached"] = build["build_s"], build["cached"]
+    worker = get_worker()
     return {"status": m.status, "reason": m.reason, "metrics": metrics, "busy_s": time.perf_counter() - t0,
-            "worker": get_worker().address}
+            "worker": worker.address, "worker_name": str(worker.name)}
 
 
 def retime_task(spec: dict[str, Any], candidates: list[Candidate], session: str) -> Any:
@@ -441,6 +442,7 @@ class ClusterEvaluator(Evaluator):
         if self.builds and not self._build_slots():
             self.builds = False  # no build worker: each GPU worker compiles what it measures
         self.busy_s = 0.0  # time the GPU workers spent on this search's candidates
+        self.busy_by_worker: dict[str, float] = {}  # the same, per GPU worker (by worker name)
 
     # ---- cluster state ------------------------------------------------------------------------------------------
     def _workers(self) -> dict[str, Any]:
@@ -486,6 +488,9 @@ class ClusterEvaluator(Evaluator):
 
     def utilization(self) -> tuple[float, int]:
         return self.busy_s, max(1, self.slots)
+
+    def utilization_by_device(self) -> dict[str, float]:
+        return dict(sorted(self.busy_by_worker.items()))
 
     def retime(self, candidates: Sequence[Candidate], *, session: str) -> Any:
         """The finalists re-timed together on one GPU worker (one task: every round on the same device)."""
@@ -709,7 +714,10 @@ class ClusterEvaluator(Evaluator):
                 out.append(Measurement("runtime_error", f"poison pill: {ALLOWED_FAILURES + 1} cluster workers died "
                                                         f"while measuring it (last {_worker_of(exc)})"))
                 continue
-            self.busy_s += float(r.get("busy_s", 0.0))
+            busy = float(r.get("busy_s", 0.0))
+            self.busy_s += busy
+            name = str(r.get("worker_name") or r.get("worker") or "?")
+            self.busy_by_worker[name] = self.busy_by_worker.get(name, 0.0) + busy
             out.append(Measurement(r["status"], r["reason"], r["metrics"]))
         return out
 

@@ -39,6 +39,14 @@ class ProgressPrinter:
         rate = 60.0 * (runner.evaluations - self.evaluations0) / wall
         return f" | {rate:.0f}/min | GPU busy {min(1.0, seconds / (wall * devices)):.0%} of {devices}"
 
+    def _per_device(self, runner: Any) -> str:
+        """At the end of a run on several measuring devices: each one's busy share (how evenly the work spread)."""
+        per = runner.evaluator.utilization_by_device()
+        if not per or len(per) < 2:
+            return ""
+        wall = max(1e-9, time.monotonic() - self.t0)
+        return " | per GPU: " + ", ".join(f"{name} {min(1.0, s / wall):.0%}" for name, s in per.items())
+
     def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
         if not self.per_evaluation:
             return
@@ -57,6 +65,7 @@ class ProgressPrinter:
                 f"| best {best:.3f} us | {time.monotonic() - self.t0:.1f}s")
         line += self._throughput(runner)
         if "stop" in stats:
+            line += self._per_device(runner)
             line += f" | stopped: {stats['stop']}"
         self._print(line)
         elites = [runner.records[h] for h in runner.elite_hashes]
