@@ -110,7 +110,8 @@ def test_gate_rejects_a_spilling_msda_genome(tmp_path: Path):
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 4, "D_STRIDE": 2,
               "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 4,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": False, "PAIR_LOADS": False}
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": False,
+              "PAIR_LOADS": False}
     assert not space.violated(params)
     r = _gate_genome(space, params, tmp_path / "spill.cu")
     assert r["status"] == "ok" and r["report"]["registers"] <= 64

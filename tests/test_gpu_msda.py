@@ -135,7 +135,8 @@ def test_head_major_value_gives_the_same_output(build_cache: Path):
     base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
             "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 2,
             "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": True, "PAIR_LOADS": False}
+            "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": True,
+            "PAIR_LOADS": False}
     genomes = [base, {**base, "BRANCH_FREE": True, "SHARED_META": True, "PREFETCH": False},
                {**base, "SHARED_META": True, "PREFETCH": False, "PAIR_LOADS": True},
                {**base, "NUM_WARPS": 4, "WINDOW_TILE": 8, "WINDOW_MARGIN": 2}, {**base, "HEAD_MAJOR": False, "PAIR_LOADS": False}]
@@ -235,7 +236,8 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 2, "STAGES": 2, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
               "SHARED_META": False, "PERSISTENT": True, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 2,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
-              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": False, "PAIR_LOADS": False}
+              "WINDOW_TILE": 0, "WINDOW_MARGIN": 3, "WINDOW_HEADS": 1, "WINDOW_STAGES": 0, "HEAD_MAJOR": False,
+              "PAIR_LOADS": False}
     assert not space.violated(params)
     factory = CandidateFactory(space)
     hang = factory.make(params)

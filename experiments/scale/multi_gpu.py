@@ -33,24 +33,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from evoengineer.evaluators.cluster import visible_gpus  # noqa: E402  (after the path: run from a checkout)
 RESULTS = ROOT / "experiments" / "scale" / "results"
 GRID_SPACE = ROOT / "experiments" / "scale" / "cuda_msda_fp16_grid2781.toml"
 REPLAY_LANDSCAPE = ROOT / "experiments" / "msda" / "results" / "landscape_cuda_msda_fp16.csv"
 DONE = re.compile(r"^\s*done \|.*\| (?P<rate>\d+)/min \| GPU busy (?P<busy>\d+)% of (?P<gpus>\d+)"
                   r"(?: \| per GPU: (?P<per>[^|]*))?")
-
-
-def visible_gpus() -> list[str]:
-    """This host's GPUs as CUDA_VISIBLE_DEVICES values (nvidia-smi's indices, or that variable's order if set)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env:
-        return [g.strip() for g in env.split(",") if g.strip()]
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
 
 def evo(args: list[str], *, env: dict[str, str], log: Path, limit: float | None = None) -> tuple[int, float, str]:
@@ -179,11 +169,9 @@ def search_step(a: argparse.Namespace, kind: str) -> int:
                      per_gpu=(m["per"] or "").strip() or None)
     slices = [*slices_of(state, name), entry]
     (state / f"{name}.slices.json").write_text(json.dumps(slices, indent=1) + "\n")
-    rc2, _, text2 = evo(["landscape", "--db", f"sqlite:///{db}", "--out", str(state / f"{name}.csv")], env=env,
-                        log=state / f"{name}.log")
     blank_sources(db)
     print(json.dumps({"run": name, **entry}))
-    return 0 if rc in (0, 130, -2) and rc2 == 0 else 1
+    return 0 if rc in (0, 130, -2) else 1
 
 
 def pinned_landscape(out: Path) -> Path:
@@ -231,16 +219,15 @@ def replay_step(a: argparse.Namespace) -> int:
 
 
 # ---- report (no GPU needed) ---------------------------------------------------------------------------------------
-def read_csv(path: Path) -> dict[tuple, dict]:
-    import csv
-
-    rows = {}
-    with path.open() as f:
-        reader = csv.DictReader(f)
-        params = [c for c in reader.fieldnames or [] if c.isupper()]
-        for r in reader:
-            rows[tuple(r[p] for p in params)] = r
-    return rows
+def measured(db: Path) -> dict[str, tuple[str, float]]:
+    """hash -> (status, time_us) of the run in `db` (same space file: same hashes for the same configuration)."""
+    store, run = _run(db)
+    if store is None:
+        return {}
+    try:
+        return {r.hash: (r.status, r.time_us) for r in store.candidates(run.id)}
+    finally:
+        store.close()
 
 
 def ranks(xs: list[float]) -> list[float]:
@@ -264,19 +251,19 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / ((sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5 or 1.0)
 
 
-def agreement(all_csv: Path, one_csv: Path) -> dict:
-    a, o = read_csv(all_csv), read_csv(one_csv)
-    both = [k for k in o if k in a and a[k]["status"] == "ok" and o[k]["status"] == "ok"]
+def agreement(all_db: Path, one_db: Path) -> dict:
+    a, o = measured(all_db), measured(one_db)
+    both = [k for k in o if k in a and a[k][0] == "ok" and o[k][0] == "ok"]
     if len(both) < 3:
         return {"configurations": len(both)}
-    ta = [float(a[k]["time_us"]) for k in both]
-    to = [float(o[k]["time_us"]) for k in both]
+    ta = [a[k][1] for k in both]
+    to = [o[k][1] for k in both]
     ratio = sorted(x / y for x, y in zip(ta, to))
     q = statistics.quantiles(ratio, n=20)
     top = max(1, min(10, len(both) // 10))
     best_a = {k for _, k in sorted(zip(ta, both))[:top]}
     best_o = {k for _, k in sorted(zip(to, both))[:top]}
-    verdicts = sum(1 for k in o if k in a and a[k]["status"] != o[k]["status"])
+    verdicts = sum(1 for k in o if k in a and a[k][0] != o[k][0])
     return {"configurations": len(both), "median_ratio_all_over_one": round(statistics.median(ratio), 4),
             "p5_ratio": round(q[0], 4), "p95_ratio": round(q[-1], 4), "spearman": round(spearman(ta, to), 4),
             f"top{top}_overlap": len(best_a & best_o), "status_disagreements": verdicts}
@@ -333,8 +320,8 @@ def report_step(a: argparse.Namespace) -> int:
     if "all" in g and "one" in g and g["one"]["candidates_per_min"]:
         g["parallel_efficiency"] = round(g["all"]["candidates_per_min"]
                                          / (g["all"]["gpus"] * g["one"]["candidates_per_min"]), 3)
-    if (state / "grid_all.csv").is_file() and (state / "grid_one.csv").is_file():
-        out["timing_agreement"] = agreement(state / "grid_all.csv", state / "grid_one.csv")
+    if (state / "grid_all.db").is_file() and (state / "grid_one.db").is_file():
+        out["timing_agreement"] = agreement(state / "grid_all.db", state / "grid_one.db")
     if (state / "ga_all.db").is_file() and (state / "ga_one.db").is_file():
         bests = {w: best_of(state / f"ga_{w}.db") for w in ("all", "one")}
         if all(bests.values()):
