@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -125,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--per-shape", action="store_true",
                    help="package the fastest kernel of each timed shape (elite.json's shape_elites); each call "
                         "runs the one whose shape is nearest to its inputs")
+    x.add_argument("--family", default=None, metavar="REF",
+                   help="where the elite's kernel family is, when it is not shipped or installed: module:Class, or "
+                        "family.py:Class relative to the working folder (it must be the family and version "
+                        "elite.json records)")
     return ap
 
 
@@ -321,21 +326,22 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from evoengineer.export import FAMILIES, export
+    from evoengineer.export import export
 
     if a.rank < 1:
         raise UserError("--rank: must be at least 1")
     if a.per_shape and a.rank != 1:
         raise UserError("--rank and --per-shape: one or the other (--per-shape packages the best of each shape)")
-    folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force, per_shape=a.per_shape)
+    folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force, per_shape=a.per_shape,
+                                    family=a.family)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     if a.per_shape:
-        task = json.loads((folder / package / "dispatch.json").read_text())["task"]
+        function = json.loads((folder / package / "dispatch.json").read_text())["function"]
     else:
-        task = json.loads((folder / package / "kernel.json").read_text())["build"]["task"]
-    print(f"wrote {folder}/ (package {package}): pip install {folder}   then   "
-          f"from {package} import {FAMILIES[task]}")
+        function = re.search(r"^(\w+) = kernel\.function$", (folder / package / "__init__.py").read_text(),
+                             re.M).group(1)
+    print(f"wrote {folder}/ (package {package}): pip install {folder}   then   from {package} import {function}")
     return 0
 
 

@@ -33,7 +33,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "schema": SCHEMA,
         "space": space.name,
         "space_file": run.space_path,
-        "task": space.task,
+        "task": common["build"]["task"],
         "backend": space.backend,
         "arch": space.arch,
         "template": space.template,
@@ -94,7 +94,7 @@ def shape_winners(space: Any, records: Iterable[Any]) -> list[tuple[str, Any]] |
 
 
 def shape_specs(space: Any) -> dict[str, dict[str, Any]]:
-    """Each timed shape's parameters as the task parses them (e.g. MSDA's Lq = "S" resolved), by name; the space's
+    """Each timed shape's parameters as the family parses them (symbolic sizes resolved), by name; the space's
     table less name/checks/time/fresh if the task cannot be made here."""
     from dataclasses import asdict, is_dataclass
 
@@ -135,11 +135,21 @@ def shape_elites(space: Any, records: Iterable[Any], fetch: Callable[[str], Any]
     return out
 
 
+def space_family(space: Any) -> Any:
+    """The family class a space names (its module is imported: the search runs it anyway)."""
+    from evoengineer.families import family_class
+
+    base = space.path.parent if getattr(space, "path", None) is not None else None
+    return family_class(space.task, base_dir=base, where=f"{space.path or space.name}: task")
+
+
 def build_record(space: Any, run: Any) -> dict[str, Any]:
     """What an elite's source was compiled with, in a form a loader can check and rebuild from: the task and its
     signature (the shapes and dtypes the kernel accepts), backend, arch, build flags, gates, the template and its
     hash, and the toolchain."""
-    return {"task": space.task, "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,
+    family = space_family(space)
+    return {"task": family.name, "family": {"name": family.name, "version": str(family.version)},
+            "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,
             "flags": list(space.build_flags), "cuda_flags": list(space.cuda_flags), "ldflags": list(space.ldflags),
             "gates": dict(space.gates), "template": space.template, "template_sha256": run.template_sha256,
             "toolchain": (run.fingerprint or {}).get("toolchain")}

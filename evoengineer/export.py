@@ -14,25 +14,35 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from evoengineer import TEMPLATES_DIR, elite_json
+from evoengineer import elite_json
 from evoengineer.candidate import sha256_text
 from evoengineer.errors import UserError
 from evoengineer.fileio import umask
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
-#: task -> the function an exported package exposes (the task class gives the binding, entry and signature text)
-FAMILIES = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention", "decode": "decode_attention"}
 
 
-def _task_class(task: str) -> Any:
-    from evoengineer.tasks.decode import DecodeTask
-    from evoengineer.tasks.msda import MSDATask
-    from evoengineer.tasks.sdpa import SDPATask
+def family_of(build: dict[str, Any], family: str | None = None, where: str = "elite") -> type:
+    """The family an elite's build record names (name and version; never a path or module from the file): found
+    among the shipped and installed families, or the class `family` names (module:Class, or family.py:Class
+    relative to the working folder), which must be that family of that version."""
+    from evoengineer.families import check_version, family_class, find_family
 
-    return {"msda": MSDATask, "sdpa": SDPATask, "decode": DecodeTask}[task]
+    rec = build.get("family") if isinstance(build.get("family"), dict) else {}
+    name, version = rec.get("name", build.get("task")), rec.get("version")
+    if not isinstance(name, str):
+        raise UserError(f"{where}: the build record names no family")
+    if family is None:
+        return find_family(name, version, where=where)
+    return check_version(family_class(family, base_dir=Path.cwd(), where="--family"), name, version, where)
 
 
-def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def family_instance(cls: type, build: dict[str, Any]) -> Any:
+    """The family configured with an elite's recorded signature constants (no shapes: for its binding and op)."""
+    return cls(constants=build["signature"], backend=build.get("backend", "cpu"))
+
+
+def select_elite(path: str | Path, rank: int, family: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The document and its elite of `rank`, checked for what a build needs; UserError naming what is missing."""
     doc = elite_json.read(path)
     elites = doc["elites"]
@@ -42,11 +52,11 @@ def select_elite(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str,
     if not match:
         raise UserError(f"{path}: no elite of rank {rank} (ranks 1..{len(elites)})")
     e = match[0]
-    check_buildable(e, f"{path}: elites[rank {rank}]")
+    check_buildable(e, f"{path}: elites[rank {rank}]", family)
     return doc, e
 
 
-def select_shape_elites(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def select_shape_elites(path: str | Path, family: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The document and its shape_elites (the fastest correct kernel of each timed shape), each checked as
     `select_elite` checks an elite; UserError when there are none."""
     doc = elite_json.read(path)
@@ -57,31 +67,31 @@ def select_shape_elites(path: str | Path) -> tuple[dict[str, Any], list[dict[str
         raise UserError(f"{path}: no per-shape elites (shape_elites) to export with --per-shape: {why}; "
                         "export one elite without --per-shape")
     for e in entries:
-        check_buildable(e, f"{path}: shape_elites[{e['shape']}]")
+        check_buildable(e, f"{path}: shape_elites[{e['shape']}]", family)
         if not isinstance(e.get("shape_spec"), dict):
             raise UserError(f"{path}: shape_elites[{e['shape']}]: no shape_spec to dispatch by")
     return doc, entries
 
 
-def check_buildable(e: dict[str, Any], where: str) -> None:
-    """UserError (naming `where`) unless the entry has a build record of a known family and its recorded source,
-    matching its hash."""
+def check_buildable(e: dict[str, Any], where: str, family: str | None = None) -> type:
+    """The entry's family class; UserError (naming `where`) unless the entry has a build record of a family found
+    here and its recorded source, matching its hash, defining the family's entry point."""
     build = e.get("build")
     if not isinstance(build, dict) or not isinstance(build.get("signature"), dict):
         raise UserError(f"{where}: no build record (signature, flags, arch); written by an older EvoEngineer: "
                         "re-run or resume the search to export it")
-    if build.get("task") not in FAMILIES:
-        raise UserError(f"{where}: task {build.get('task')!r} has no exported op (known: {', '.join(FAMILIES)})")
+    cls = family_of(build, family, where)
     source = e.get("source")
     if not isinstance(source, str) or not source.strip():
         raise UserError(f"{where}: no recorded kernel source; refusing to rebuild from today's template")
     if e.get("source_sha256") and sha256_text(source) != e["source_sha256"]:
         raise UserError(f"{where}: the recorded source does not match its source_sha256 (edited after the search); "
                         "refusing to build it")
-    entry = _task_class(build["task"]).entry
+    entry = cls.entry
     if not re.search(rf"\b{re.escape(entry)}\s*\(", source):
         raise UserError(f"{where}: the recorded source does not define {entry}(), the entry point today's "
-                        f"{build['task']} binding calls (an older kernel interface); re-run the search to export it")
+                        f"{cls.name} binding calls (an older kernel interface); re-run the search to export it")
+    return cls
 
 
 def template_drift(doc: dict[str, Any], elite: dict[str, Any]) -> str | None:
@@ -101,26 +111,60 @@ def template_drift(doc: dict[str, Any], elite: dict[str, Any]) -> str | None:
 
 
 def _module_name(elite: dict[str, Any]) -> str:
-    return f"evo_{elite['build']['task']}_{elite['hash'][:16]}"
+    return re.sub(r"\W", "_", f"evo_{elite['build']['task']}_{elite['hash'][:16]}")
 
 
-def write_kernel_folder(elite: dict[str, Any], folder: Path) -> None:
-    """The files KernelOp builds from: kernel.json, the recorded source, the family binding and header, the shim."""
+def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
+    """The files KernelOp builds from: kernel.json, the recorded source, the family's binding (its own, or generated
+    from its signature) with its header, the shim."""
+    from evoengineer.compiler.builder import BINDING_INCLUDE
     from evoengineer.compiler.steps import shim_source
 
     build = elite["build"]
-    task_cls = _task_class(build["task"])
+    fam = family_instance(cls, build)
     suffix = ".cu" if build["backend"] == "cuda" else ".cpp"
     name = _module_name(elite)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"kernel{suffix}").write_text(elite["source"])
-    shutil.copyfile(TEMPLATES_DIR / task_cls.binding, folder / "binding.cpp")
-    shutil.copyfile(TEMPLATES_DIR / "bindings" / "candidate_module.h", folder / "candidate_module.h")
-    (folder / "shim.cpp").write_text(shim_source(name, task_cls.entry, task_cls.signature_text(build["signature"])))
+    (folder / "binding.cpp").write_text(fam.binding.text)
+    shutil.copyfile(BINDING_INCLUDE / "candidate_module.h", folder / "candidate_module.h")
+    (folder / "shim.cpp").write_text(shim_source(name, cls.entry, cls.signature_text(build["signature"])))
     kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
-              "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]), "build": build}
+              "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]),
+              "build": {**build, "task": cls.name, "family": {"name": cls.name, "version": str(cls.version)}}}
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
+
+
+def _copy_op_files(cls: type, pkg: Path, family: str | None) -> tuple[str, str]:
+    """Copy what the exported op needs into package folder `pkg`; returns (the __init__ lines that define `_adapter`:
+    kernel record -> OpAdapter, the package's dependencies). A family with an op module of its own is self-contained
+    (torch only); a declared family's package imports the family: by name among the installed ones, or as
+    `family` (--family) names it (a family file is copied into the package), and needs EvoEngineer."""
+    import inspect
+
+    shutil.copyfile(OPS_DIR / "runtime.py", pkg / "runtime.py")
+    shutil.copyfile(OPS_DIR.parent / "space" / "flags.py", pkg / "flags.py")  # the runtime checks build flags
+    here = Path(inspect.getfile(cls)).resolve().parent
+    if cls.op_module:
+        for f in (cls.op_module, *cls.op_files):
+            shutil.copyfile(here / f, pkg / Path(f).name)
+        return (f"from .{Path(cls.op_module).stem} import {cls.op_class} as _Adapter\n\n\n"
+                "def _adapter(kernel):\n    return _Adapter()\n"), '"torch>=2.4", "ninja"'
+    version = str(cls.version)
+    if family is not None and family.rpartition(":")[0].endswith(".py"):
+        copied = f"evo_family_{Path(family.rpartition(':')[0]).name}"
+        shutil.copyfile(Path(inspect.getfile(cls)).resolve(), pkg / copied)
+        find = (f"_family = check_version(family_class({copied + ':' + cls.__name__!r}, "
+                f"base_dir=Path(__file__).resolve().parent), {cls.name!r}, {version!r}, {cls.name!r})")
+    elif family is not None:
+        find = f"_family = check_version(family_class({family!r}), {cls.name!r}, {version!r}, {cls.name!r})"
+    else:
+        find = f"_family = find_family({cls.name!r}, {version!r})"
+    return ("from evoengineer.families import check_version, family_class, find_family  # noqa: F401\n\n"
+            f"{find}\n\n\ndef _adapter(kernel):\n    build = kernel[\"build\"]\n"
+            "    return _family(constants=build[\"signature\"], backend=build[\"backend\"]).op_adapter()\n"), \
+        '"torch>=2.4", "ninja", "evoengineer"'
 
 
 _INIT = '''"""{summary}
@@ -134,17 +178,17 @@ torch.utils.cpp_extension (cached in $EVOENGINEER_EXPORT_CACHE, default ~/.cache
 from pathlib import Path
 
 from .runtime import KernelOp
-
+{adapter}
 #: The kernel as registered torch.library ops (`kernel.op`, `kernel.backward_op`), with its elite record
 #: (`kernel.kernel`) and signature (`kernel.signature`).
-kernel = KernelOp(Path(__file__).resolve().parent)
+kernel = KernelOp(Path(__file__).resolve().parent, adapter=_adapter)
 {function} = kernel.function
 
 
 def with_fallback():
     """The same function, computing inputs outside the compiled signature with the PyTorch reference (warned once)
     instead of raising."""
-    return KernelOp(Path(__file__).resolve().parent, fallback="reference").function
+    return KernelOp(Path(__file__).resolve().parent, adapter=_adapter, fallback="reference").function
 
 
 __all__ = ["{function}", "kernel", "with_fallback"]
@@ -159,7 +203,7 @@ name = "{dist}"
 version = "0.1.0"
 description = "{summary}"
 requires-python = ">=3.10"
-dependencies = ["torch>=2.4", "ninja"]
+dependencies = [{dependencies}]
 
 [tool.setuptools]
 packages = ["{package}"]
@@ -180,17 +224,18 @@ torch.utils.cpp_extension (cached in $EVOENGINEER_EXPORT_CACHE, default ~/.cache
 from pathlib import Path
 
 from .runtime import ShapeDispatch
-
+{adapter}
 #: The kernels by shape (`kernel.table`), the row a call would use (`kernel.choose(...)`), the kernels built so far
 #: (`kernel.ops`, KernelOps by hash) and the calls each ran (`kernel.calls`).
-kernel = ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json")
+kernel = ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json", adapter=_adapter)
 {function} = kernel.function
 
 
 def with_fallback():
     """The same function, computing inputs outside the compiled signature with the PyTorch reference (warned once)
     instead of raising."""
-    return ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json", fallback="reference").function
+    return ShapeDispatch.from_file(Path(__file__).resolve().parent / "dispatch.json", adapter=_adapter,
+                                   fallback="reference").function
 
 
 __all__ = ["{function}", "kernel", "with_fallback"]
@@ -198,19 +243,20 @@ __all__ = ["{function}", "kernel", "with_fallback"]
 
 _README_PER_SHAPE = ("\nSeveral kernels (one folder each, `kernel-<hash>/`), each the fastest of its search on one "
                      "timed shape: every call runs the one whose recorded shape (dispatch.json) is nearest to its "
-                     "inputs (sizes compared on a log scale; MSDA encoder calls, Lq = S, go to encoder shapes when "
-                     "there are any). `kernel.build()` builds them all now (before torch.compile or CUDA graph "
+                     "inputs (sizes compared on a log scale, among the recorded shapes of the call's kind when the "
+                     "family tells kinds apart). `kernel.build()` builds them all now (before torch.compile or CUDA graph "
                      "capture).\n")
 
 
-def write_kernels(entries: list[dict[str, Any]], folder_of: Callable[[dict[str, Any]], Path]) -> list[dict[str, Any]]:
+def write_kernels(entries: list[dict[str, Any]], folder_of: Callable[[dict[str, Any]], Path],
+                  cls: type) -> list[dict[str, Any]]:
     """A kernel folder (`write_kernel_folder`, at `folder_of(entry)`) per distinct kernel of shape_elites `entries`,
     and ShapeDispatch's table: one row per shape."""
     rows, written = [], set()
     for e in entries:
         folder = folder_of(e)
         if e["hash"] not in written:
-            write_kernel_folder(e, folder)
+            write_kernel_folder(e, folder, cls)
             written.add(e["hash"])
         rows.append({"shape": e["shape"], "shape_spec": e["shape_spec"], "hash": e["hash"], "p50_us": e.get("p50_us"),
                      "objective_us": e.get("objective_us"), "rank": e.get("rank"), "folder": folder})
@@ -218,24 +264,26 @@ def write_kernels(entries: list[dict[str, Any]], folder_of: Callable[[dict[str, 
 
 
 def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = False,
-           per_shape: bool = False) -> tuple[Path, str, list[str]]:
+           per_shape: bool = False, family: str | None = None) -> tuple[Path, str, list[str]]:
     """Write elite `rank` of `path` as a package folder `out`: returns (folder, package name, notes). With
     `per_shape`, the kernels of its shape_elites instead (`rank` unused): the function runs, per call, the one whose
-    timed shape is nearest to the inputs (runtime.ShapeDispatch; the table in dispatch.json). The folder appears
+    timed shape is nearest to the inputs (runtime.ShapeDispatch; the table in dispatch.json). `family`: where the
+    elite's family is (module:Class or family.py:Class) when it is not shipped or installed. The folder appears
     whole or not at all; an existing one is replaced only with `force`."""
     if per_shape:
-        doc, entries = select_shape_elites(path)
+        doc, entries = select_shape_elites(path, family)
         e = entries[0]
     else:
-        doc, e = select_elite(path, rank)
+        doc, e = select_elite(path, rank, family)
+    cls = family_of(e["build"], family, str(path))
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise UserError(f"--out {out}: exists and is not empty (--force replaces it)")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file")
     notes = [n for n in [template_drift(doc, e)] if n]
-    task = e["build"]["task"]
-    function = FAMILIES[task]
+    task = cls.name
+    function = cls.function
     where = f"{e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''}"
     if per_shape:
         hashes = list(dict.fromkeys(x["hash"] for x in entries))
@@ -253,26 +301,24 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
     try:
         os.chmod(tmp, 0o777 & ~umask())
         pkg = tmp / package
+        pkg.mkdir()
+        adapter, dependencies = _copy_op_files(cls, pkg, family)
         if per_shape:
-            pkg.mkdir()
             # "kernel-": not a Python identifier, so setuptools takes the folders as data, not as packages
-            rows = write_kernels(entries, lambda x: pkg / f"kernel-{x['hash'][:16]}")
+            rows = write_kernels(entries, lambda x: pkg / f"kernel-{x['hash'][:16]}", cls)
             table = {"task": task, "function": function, "space": doc["space"], "run_id": doc["run_id"],
                      "source": Path(path).name,
                      "kernels": [dict(r, folder=r["folder"].name) for r in rows]}
             (pkg / "dispatch.json").write_text(json.dumps(table, indent=2) + "\n")
             init = _INIT_PER_SHAPE.format(summary=summary, source_name=Path(path).name, n=len(hashes),
-                                          package=package, function=function)
+                                          package=package, function=function, adapter=adapter)
         else:
-            write_kernel_folder(e, pkg)
+            write_kernel_folder(e, pkg, cls)
             init = _INIT.format(summary=summary, source_name=Path(path).name, rank=rank, hash12=e["hash"][:12],
-                                package=package, function=function)
-        for f in ("runtime.py", "msda_reference.py"):
-            shutil.copyfile(OPS_DIR / f, pkg / f)
-        shutil.copyfile(OPS_DIR.parent / "space" / "flags.py", pkg / "flags.py")  # the runtime checks build flags
+                                package=package, function=function, adapter=adapter)
         (pkg / "__init__.py").write_text(init)
         (tmp / "pyproject.toml").write_text(_PYPROJECT.format(
-            dist=package.replace("_", "-"), summary=summary, package=package,
+            dist=package.replace("_", "-"), summary=summary, package=package, dependencies=dependencies,
             data=', "kernel-*/*"' if per_shape else ""))
         compiles = "Each kernel compiles when a call first needs it" if per_shape else \
             "The kernel compiles on first import"
@@ -293,36 +339,43 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
 
 
 def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
-         build_root: str | Path | None = None, per_shape: bool = False) -> Callable[..., Any]:
-    """Elite `rank` of an elite.json as the function an exported package exposes (ms_deform_attn,
-    scaled_dot_product_attention or decode_attention), built from the recorded source on first use (cached). The
-    function carries `.kernel` (the KernelOp: ops, signature, elite record). With `per_shape`, the kernels of its
-    shape_elites (`rank` unused), dispatched by shape: `.kernel` is the ShapeDispatch (`table`, `choose`), each
-    kernel built when a call first needs it."""
+         build_root: str | Path | None = None, per_shape: bool = False,
+         family: str | None = None) -> Callable[..., Any]:
+    """Elite `rank` of an elite.json as the function an exported package exposes (the family's function: its own
+    op adapter's, or a declared family's `function(*inputs, *scalars)`), built from the recorded
+    source on first use (cached). `family`: where the elite's family is (module:Class or family.py:Class) when it is
+    not shipped or installed. The function carries `.kernel` (the KernelOp: ops, signature, elite record). With
+    `per_shape`, the kernels of its shape_elites (`rank` unused), dispatched by shape: `.kernel` is the
+    ShapeDispatch (`table`, `choose`), each kernel built when a call first needs it."""
     from evoengineer.ops.runtime import KernelOp, ShapeDispatch, default_build_root
 
     if per_shape:
-        doc, entries = select_shape_elites(path)
+        doc, entries = select_shape_elites(path, family)
         e = entries[0]
     else:
-        doc, e = select_elite(path, rank)
+        doc, e = select_elite(path, rank, family)
+    cls = family_of(e["build"], family, str(path))
     note = template_drift(doc, e)
     if note:
         print(f"evoengineer.load: {note}", file=sys.stderr)
+
+    def adapter(kernel: dict[str, Any]) -> Any:
+        return family_instance(cls, kernel["build"]).op_adapter()
+
     root = Path(build_root) if build_root else default_build_root()
     if per_shape:
-        rows = write_kernels(entries, lambda x: root / "sources" / _module_name(x))
-        op: Any = ShapeDispatch(rows, fallback=fallback, build_root=root)
+        rows = write_kernels(entries, lambda x: root / "sources" / _module_name(x), cls)
+        op: Any = ShapeDispatch(rows, adapter=adapter, fallback=fallback, build_root=root)
     else:
         folder = root / "sources" / _module_name(e)
-        write_kernel_folder(e, folder)
-        op = KernelOp(folder, fallback=fallback, build_root=root)
+        write_kernel_folder(e, folder, cls)
+        op = KernelOp(folder, adapter=adapter, fallback=fallback, build_root=root)
     fn = op.function
 
     def function(*args, **kwargs):
         return fn(*args, **kwargs)
 
     function.__doc__ = fn.__doc__
-    function.__name__ = FAMILIES[e["build"]["task"]]
+    function.__name__ = cls.function
     function.kernel = op  # type: ignore[attr-defined]
     return function

@@ -23,10 +23,13 @@ from evoengineer import TEMPLATES_DIR
 from evoengineer.compiler import steps
 from evoengineer.compiler.toolchain import toolchain
 from evoengineer.candidate import Candidate
+from evoengineer.family import BindingSource
 from evoengineer.space.flags import check_flags
 from evoengineer.space.spec import SearchSpace
 
 CACHED_FAILURES = ("compile_error", "link_error", "gate_failed")
+#: where the bindings' shared header (candidate_module.h) lives
+BINDING_INCLUDE = TEMPLATES_DIR / "bindings"
 
 
 def default_cache_dir() -> Path:
@@ -54,15 +57,18 @@ def _sha(obj: Any) -> str:
 class Builder:
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
-    def __init__(self, space: SearchSpace, *, entry: str, binding: str, signature: str,
+    def __init__(self, space: SearchSpace, *, entry: str, binding: "str | Path | BindingSource", signature: str,
                  cache_dir: str | Path | None = None, jobs: int | None = None):
+        """`binding`: the family's binding (Family.binding: its own file or generated from its signature), or a
+        file (under templates/ when relative)."""
         # load_space already refused these; a space made some other way must not reach /bin/sh through ninja either
         for key, flags in (("flags", space.build_flags), ("cuda_flags", space.cuda_flags), ("ldflags", space.ldflags)):
             check_flags(list(flags), str(space.path or space.name), key)
         self.space = space
         self.entry = entry
         self.signature = signature  # "KEY=VALUE;..." handed to the binding, which refuses other inputs
-        self.binding_path = (TEMPLATES_DIR / binding).resolve()
+        self.binding_source = binding if isinstance(binding, BindingSource) else None
+        self.binding_path = None if self.binding_source else (TEMPLATES_DIR / binding).resolve()
         # absolute: the linker runs in each build's own folder, where a relative -L to the binding would miss
         self.cache_dir = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()).resolve()
         self.jobs = max(1, jobs or os.cpu_count() or 1)
@@ -76,15 +82,21 @@ class Builder:
         self.suffix = ".cu" if space.backend == "cuda" else ".cpp"
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
-        self._binding: dict[str, Any] | None = None
+        self._built_binding: dict[str, Any] | None = None
         # submit may be called from several threads (a Dask build worker runs one build task per thread)
         self._lock = threading.RLock()
 
     # ---- keys and cache -------------------------------------------------------------------------------------------
+    def _binding(self) -> BindingSource:
+        if self.binding_source is None:
+            self.binding_source = BindingSource(name=self.binding_path.stem, text=self.binding_path.read_text(),
+                                                origin=str(self.binding_path))
+        return self.binding_source
+
     def _binding_key(self) -> str:
-        # the binding and the headers beside it (shared by the family bindings)
-        headers = {h.name: h.read_text() for h in sorted(self.binding_path.parent.glob("*.h"))}
-        return _sha({"source": self.binding_path.read_text(), "headers": headers, "toolchain": self.toolchain,
+        # the binding and the headers it includes (candidate_module.h, shared by every binding)
+        headers = {h.name: h.read_text() for h in sorted(BINDING_INCLUDE.glob("*.h"))}
+        return _sha({"source": self._binding().text, "headers": headers, "toolchain": self.toolchain,
                      "cflags": self.cflags, "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
 
     def key(self, candidate: Candidate) -> str:
@@ -141,24 +153,26 @@ class Builder:
             return self._find_binding()
 
     def _find_binding(self) -> dict[str, Any]:
-        if self._binding is None:
+        if self._built_binding is None:
             key = self._binding_key()
             name = f"evo_binding_{key}"
-            job = {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source": str(self.binding_path),
+            job = {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source_text": self._binding().text,
+                   "include": str(BINDING_INCLUDE),
                    "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
                    "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
             so = Path(job["dir"]) / f"{name}.so"
             with steps.dir_lock(Path(job["dir"])):  # another process may be linking it right now
                 found = so.exists()
             if found:
-                self._binding = {"status": "ok", "so": str(so), "build_s": 0.0}
+                self._built_binding = {"status": "ok", "so": str(so), "build_s": 0.0}
             else:
                 try:
-                    self._binding = self._executor().submit(steps.safe, steps.build_binding, job).result()
+                    self._built_binding = self._executor().submit(steps.safe, steps.build_binding, job).result()
                 except BrokenProcessPool:
                     self._restart_pool()
-                    self._binding = {"status": "build_error", "reason": "builder process died building the binding"}
-        return self._binding
+                    self._built_binding = {"status": "build_error",
+                                           "reason": "builder process died building the binding"}
+        return self._built_binding
 
     def _gate_job(self) -> dict[str, Any] | None:
         if self.space.backend != "cuda":

@@ -28,7 +28,7 @@ extern "C" __attribute__((visibility("default"))) void* PyInit_{name}() {{
 
 def shim_source(name: str, entry: str, signature: str) -> str:
     """The shim of one candidate module. `signature` is "KEY=VALUE;..." (names, digits, dtype names only)."""
-    if not all(ch.isalnum() or ch in "_=;." for ch in signature):
+    if not all(ch.isalnum() or ch in "_=;.-+" for ch in signature):
         raise ValueError(f"signature {signature!r}: unexpected characters")
     return SHIM.format(name=name, entry=entry, signature=signature)
 
@@ -96,9 +96,12 @@ def _build_binding(job: dict[str, Any]) -> dict[str, Any]:
     if so.exists():
         return {"status": "ok", "so": str(so)}
     out_dir.mkdir(parents=True, exist_ok=True)
+    source = out_dir / "binding.cpp"
+    _write_if_changed(source, job["source_text"])
     t0 = time.perf_counter()
     try:
-        cpp_extension.load(name=job["name"], sources=[job["source"]], extra_cflags=job["cflags"],
+        cpp_extension.load(name=job["name"], sources=[str(source)], extra_cflags=job["cflags"],
+                           extra_include_paths=[job["include"]],
                            extra_cuda_cflags=job.get("cuda_cflags"), extra_ldflags=job.get("ldflags"),
                            build_directory=str(out_dir), is_python_module=False, verbose=False,
                            with_cuda=bool(job.get("with_cuda")))

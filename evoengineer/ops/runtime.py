@@ -1,126 +1,144 @@
 """A searched kernel as a PyTorch custom op, built on first use. Torch only: `evoengineer export` copies this file
-(with msda_reference.py) into the package it writes, and `evoengineer.load` uses it in place.
+(with the family's op adapter) into the package it writes, and `evoengineer.load` uses it in place.
 
-A kernel folder holds `kernel.json` (the elite: hash, params, metrics, and `build`: task, signature, backend, arch,
-flags), the recorded kernel source, the family binding with its header, and the shim naming the module. `KernelOp`
-compiles them into one extension through torch.utils.cpp_extension (cached by content in the build folder), registers
-`torch.library` custom ops with fake (meta) implementations, so torch.compile(fullgraph=True) and CUDA graph capture
-work, and exposes the calling convention users already have:
+A kernel folder holds `kernel.json` (the elite: hash, params, metrics, and `build`: family, signature constants,
+backend, arch, flags, and for a declared family its call as data), the recorded kernel source, the binding with its
+header, and the shim naming the module. `KernelOp` compiles them into one extension through
+torch.utils.cpp_extension (cached by content in the build folder) and hands it to the family's `OpAdapter`, which
+registers `torch.library` custom ops with fake (meta) implementations, so torch.compile(fullgraph=True) and CUDA graph
+capture work, and gives the user-facing function. `DeclaredOp` is the adapter of a family that declares its call
+(evoengineer.family.Signature): ``function(*inputs, *scalars) -> output`` in declared order, with the family's
+reference as fallback and as the backward.
 
-* msda: ``ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-  attention_weights, im2col_step=64)`` as in Deformable DETR (output ``[N, Lq, M * D]``);
-* sdpa: ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-  scale=None, enable_gqa=False, *, k_scale=None, v_scale=None)`` as torch's (k_scale/v_scale: FP8 K/V);
-* decode: ``decode_attention(query, key_cache, value_cache, seq_lens, *, scale=None, k_scale=None, v_scale=None)``:
-  query ``[B, Hq, Sq <= 16, D]`` against a KV cache ``[B, Hkv, Sk, D]`` (Hq a multiple of Hkv: grouped-query
-  attention), sequence b seeing its first ``seq_lens[b]`` keys.
+Eager calls that need no autograd skip the custom-op dispatch: the binding checks every argument before the launch
+anyway, and only when it refuses one are the (slower, Python) checks run, for their message or the fallback.
 
-`ShapeDispatch` holds several such kernels, each the fastest of its search on one timed shape, and runs per call the
-one whose shape is nearest to the inputs (built when a call first needs it; `build()` builds them all).
+`ShapeDispatch` holds several kernels of one family, each the fastest of its search on one timed shape, and runs per
+call the one whose shape is nearest to the inputs (built when a call first needs it; `build()` builds them all).
 
 Inputs outside the compiled signature raise ValueError/TypeError naming the argument and both values, unless the op
 was made with ``fallback="reference"``: then the plain-PyTorch reference computes them (warned once). The kernels
 are forward-only; gradients come from the reference's backward (a second custom op, so compiled graphs stay whole).
 """
 
+import copy
 import hashlib
 import json
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
-
-from .msda_reference import msda_reference, msda_reference_backward
 
 try:  # an exported package carries its own copy of the flag whitelist
     from .flags import ARCH, flag_problem
 except ImportError:
     from evoengineer.space.flags import ARCH, flag_problem
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "float8_e4m3": torch.float8_e4m3fn}
+#: dtype names of signatures and declared calls
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float8_e4m3": torch.float8_e4m3fn, "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
+_DTYPES = DTYPES
 _NAMESPACE = "evoengineer"
 
 
-def _attention_backward(qf: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, do: torch.Tensor,
-                        masked: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of softmax(q k^T scale, keys where `masked` is true left out) v, all float32, written out (no
-    autograd: this runs inside a custom op, where autograd is off)."""
-    s = torch.matmul(qf, kd.transpose(-1, -2)) * scale
-    if masked is not None:
-        s = s.masked_fill(masked, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    out = torch.matmul(p, vd)
-    dv = torch.matmul(p.transpose(-1, -2), do)
-    dp = torch.matmul(do, vd.transpose(-1, -2))
-    ds = p * (dp - (do * out).sum(-1, keepdim=True))
-    return torch.matmul(ds, kd) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
 
 
-def sdpa_reference_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            k_scale: torch.Tensor, v_scale: torch.Tensor, is_causal: bool,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of softmax(q k^T scale) v (top-left causal mask) in float32. K/V are dequantized with their
-    per-head scales; their gradients are with respect to the stored values."""
-    ks, vs = k_scale.float().view(1, -1, 1, 1), v_scale.float().view(1, -1, 1, 1)
-    masked = None
-    if is_causal:
-        masked = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-    dq, dk, dv = _attention_backward(q.float(), k.float() * ks, v.float() * vs, grad.float(), masked, scale)
-    return dq, dk * ks, dv * vs
+_dtype_name = dtype_name
 
 
-def _decode_operands(q, k, v, k_scale, v_scale, seq_lens):
-    """float32 dequantized K/V expanded to the query heads, and the mask of the keys past each sequence's length
-    (clamped to [1, Sk], as the kernels do)."""
-    G = q.shape[1] // k.shape[1]
-    kd = (k.float() * k_scale.float().view(1, -1, 1, 1)).repeat_interleave(G, dim=1)
-    vd = (v.float() * v_scale.float().view(1, -1, 1, 1)).repeat_interleave(G, dim=1)
-    lens = seq_lens.long().clamp(1, k.shape[2])
-    masked = torch.arange(k.shape[2], device=q.device)[None, :] >= lens[:, None]
-    return kd, vd, masked[:, None, None, :]
+# ---- a declared call, as data (evoengineer.family.Signature.to_json) -------------------------------------------------
+def dim_value(dim: Any, sizes: dict[str, Any]) -> Any:
+    """A declared dimension's value: an int, a size symbol or a product ("M*D") of them."""
+    if isinstance(dim, int):
+        return dim
+    value: Any = 1
+    for f in str(dim).split("*"):
+        f = f.strip()
+        value = value * (int(f) if f.isdigit() else sizes[f])
+    return value
 
 
-def decode_reference(q, k, v, k_scale, v_scale, seq_lens, scale: float) -> torch.Tensor:
-    """Decode attention in float32 (keys past a sequence's length left out; masked values zeroed, so that whatever
-    a cache holds there never reaches the output), in q's dtype."""
-    kd, vd, masked = _decode_operands(q, k, v, k_scale, v_scale, seq_lens)
-    s = torch.matmul(q.float(), kd.transpose(-1, -2)) * scale
-    p = torch.softmax(s.masked_fill(masked, float("-inf")), dim=-1)
-    return torch.matmul(p, vd.masked_fill(masked.transpose(-1, -2), 0.0)).to(q.dtype)
+def resolve_sizes(call: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """The size symbols' values from the inputs (the first whole dimension that names each), plus the fixed ones."""
+    sizes: dict[str, Any] = {}
+    for a in call["args"]:
+        if a["kind"] != "tensor" or a["output"]:
+            continue
+        t = tensors[a["name"]]
+        for i, d in enumerate(a["dims"]):
+            if isinstance(d, str) and d.isidentifier() and d not in sizes and d not in call["fixed"]:
+                sizes[d] = t.shape[i]
+    return {**sizes, **call["fixed"]}
 
 
-def decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens,
-                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of decode attention; K/V gradients summed over each group's query heads, with respect to the
-    stored values (zero past each sequence's length)."""
-    kd, vd, masked = _decode_operands(q, k, v, k_scale, v_scale, seq_lens)
-    vd = vd.masked_fill(masked.transpose(-1, -2), 0.0)
-    kd = kd.masked_fill(masked.transpose(-1, -2), 0.0)
-    dq, dk, dv = _attention_backward(q.float(), kd, vd, grad.float(), masked, scale)
-    B, Hkv, Sk, D = k.shape
-    dk = dk.view(B, Hkv, -1, Sk, D).sum(2) * k_scale.float().view(1, -1, 1, 1)
-    dv = dv.view(B, Hkv, -1, Sk, D).sum(2) * v_scale.float().view(1, -1, 1, 1)
-    return dq, dk, dv
+def _call_misfit(call: dict[str, Any], values: dict[str, Any], device_type: str
+                 ) -> tuple[str, type[Exception]] | None:
+    """Why these arguments are outside a declared call (static facts only: no data is read), or None."""
+    first = None
+    sizes: dict[str, tuple[Any, str]] = {k: (v, "fixed") for k, v in call["fixed"].items()}
+    for a in call["args"]:
+        if a["output"] if a["kind"] == "tensor" else False:
+            continue
+        name, v = a["name"], values.get(a["name"])
+        if a["kind"] == "scalar":
+            ok = isinstance(v, (bool, int, float)) if a["dtype"] in ("float32", "float64") else \
+                isinstance(v, (bool, int)) if a["dtype"] == "bool" else (isinstance(v, int) and not isinstance(v, bool))
+            if not ok:
+                return f"{name}: expected a {a['dtype']} number, got {type(v).__name__}", TypeError
+            continue
+        if not isinstance(v, torch.Tensor):
+            return f"{name}: expected a tensor, got {type(v).__name__}", TypeError
+        if v.device.type != device_type:
+            return f"{name}: on {v.device}, this kernel runs on {device_type}", ValueError
+        if first is not None and v.device != first.device:
+            return f"{name}: on {v.device}, expected {first.device} (the device of the first input)", ValueError
+        first = first if first is not None else v
+        want = DTYPES[a["dtype"]]
+        if v.dtype != want:
+            return f"{name}: dtype {dtype_name(v.dtype)}, but this kernel was compiled for {a['dtype']}", TypeError
+        dims = a["dims"]
+        if v.dim() != len(dims):
+            return (f"{name}: expected {len(dims)} dimensions {_dims_text(dims)}, got {v.dim()} "
+                    f"(shape {tuple(v.shape)})"), ValueError
+        for i, d in enumerate(dims):
+            if isinstance(d, str) and d.isidentifier():
+                if d not in sizes:
+                    sizes[d] = (v.shape[i], name)
+                    continue
+                want_n, src = sizes[d]
+            else:
+                try:
+                    want_n, src = dim_value(d, {k: s for k, (s, _) in sizes.items()}), ""
+                except KeyError:
+                    continue
+            if v.shape[i] != want_n:
+                whence = ("this kernel was compiled for " + f"{d} = {want_n}") if src == "fixed" else \
+                    f"expected {want_n}" + (f" (from {src})" if src else "")
+                return f"{name}: size {i} ({d}) is {v.shape[i]}, {whence}; shape {tuple(v.shape)}", ValueError
+    return None
 
 
-def _softmax_lp(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Softmax of MSDA attention logits [N, Lq, M, L, P] over each (n, q, m)'s L * P values, in `dtype`."""
-    return torch.softmax(attention.to(dtype).flatten(-2), dim=-1).view(attention.shape)
+def _dims_text(dims: list[Any]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _schema_type(a: dict[str, Any]) -> str:
+    if a["kind"] == "tensor":
+        return "Tensor"
+    return {"float32": "float", "float64": "float", "int64": "int", "int32": "int", "bool": "bool"}[a["dtype"]]
 
 
 def default_build_root() -> Path:
     """Where exported kernels are compiled: $EVOENGINEER_EXPORT_CACHE, else ~/.cache/evoengineer/ops."""
     given = os.environ.get("EVOENGINEER_EXPORT_CACHE")
     return Path(given) if given else Path.home() / ".cache" / "evoengineer" / "ops"
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
 
 
 def arch_list(arch: str | None) -> str | None:
@@ -200,10 +218,160 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     return module
 
 
-class KernelOp:
-    """One built kernel, registered as custom ops, with its user-facing function (`function`)."""
+class OpAdapter:
+    """Turns a built kernel into a PyTorch op: `register` defines the custom ops (forward with a fake
+    implementation, and the reference's backward), `function` is what users call. `bind` is called first with the
+    KernelOp (its `module`, `signature`, `op`, `outside`, `check_device`, `eager`). `call_features` /
+    `spec_features` describe a call and a recorded shape for ShapeDispatch: (sizes compared on a log scale, a kind
+    that must match)."""
 
-    def __init__(self, folder: str | Path, *, fallback: str | None = None, build_root: str | Path | None = None):
+    function_name = "forward"
+
+    def bind(self, kop: "KernelOp") -> None:
+        self.kop = kop
+
+    def register(self, name: str) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def function(self, *args, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def call_features(self, args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
+        return {}, ()
+
+    def spec_features(self, spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
+        return {}, ()
+
+
+class DeclaredOp(OpAdapter):
+    """The op of a declared call: ``function(*inputs, *scalars)`` in declared order (keywords by name) returns the
+    output; `reference(args by name)` is the fallback and, differentiated, the backward."""
+
+    def __init__(self, call: dict[str, Any], reference: Callable[[dict[str, Any]], torch.Tensor], *,
+                 name: str = "forward"):
+        self.call = call
+        self.reference = reference
+        self.function_name = name
+        self.params = [a for a in call["args"] if not (a["kind"] == "tensor" and a["output"])]
+        self.names = [a["name"] for a in self.params]
+        self.out = next(a for a in call["args"] if a["kind"] == "tensor" and a["output"])
+        self.out_dtype = DTYPES[self.out["dtype"]]
+        # the float inputs have gradients (through the reference)
+        self.grads = [a["name"] for a in self.params
+                      if a["kind"] == "tensor" and DTYPES[a["dtype"]].is_floating_point]
+
+    def _values(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        if len(args) > len(self.names):
+            raise TypeError(f"{self.function_name}() takes {len(self.names)} arguments ({', '.join(self.names)}), "
+                            f"got {len(args)}")
+        values = dict(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k not in self.names:
+                raise TypeError(f"{self.function_name}() got an unexpected keyword argument {k!r}")
+            if k in values:
+                raise TypeError(f"{self.function_name}() got multiple values for argument {k!r}")
+            values[k] = v
+        missing = [n for n in self.names if n not in values]
+        if missing:
+            raise TypeError(f"{self.function_name}() missing argument(s) {missing}")
+        return values
+
+    def out_shape(self, values: dict[str, Any]) -> list[Any]:
+        sizes = resolve_sizes(self.call, values)
+        return [dim_value(d, sizes) for d in self.out["dims"]]
+
+    def _binding_args(self, values: dict[str, Any], out: torch.Tensor) -> list[Any]:
+        return [out if (a["kind"] == "tensor" and a["output"]) else values[a["name"]] for a in self.call["args"]]
+
+    def _reference(self, values: dict[str, Any]) -> torch.Tensor:
+        return self.reference(dict(values)).to(self.out_dtype)
+
+    def register(self, name: str) -> tuple[Any, Any]:
+        kop, adapter = self.kop, self
+        params = ", ".join(f"{_schema_type(a)} {a['name']}" for a in self.params)
+
+        def forward(*args):
+            values = dict(zip(adapter.names, args))
+            first = next(v for v in args if isinstance(v, torch.Tensor))
+            out = torch.empty(adapter.out_shape(values), dtype=adapter.out_dtype, device=first.device)
+            rc = kop.module.forward(*adapter._binding_args(values, out))
+            if rc:
+                raise RuntimeError(f"{adapter.function_name} kernel returned status {rc}")
+            return out
+
+        op = torch.library.custom_op(f"{_NAMESPACE}::{name}", forward, mutates_args=(),
+                                     schema=f"({params}) -> Tensor")
+
+        @op.register_fake
+        def _(*args):
+            values = dict(zip(adapter.names, args))
+            first = next(v for v in args if isinstance(v, torch.Tensor))
+            return first.new_empty(adapter.out_shape(values), dtype=adapter.out_dtype)
+
+        grads = self.grads
+
+        def backward_of(grad, *args):
+            """Gradients of the reference (float64) at these arguments, for the float inputs. Not a custom op: a
+            custom op's body runs below autograd, where the reference could not be differentiated."""
+            values = dict(zip(adapter.names, args))
+            with torch.enable_grad():
+                leaves = {n: values[n].detach().to(torch.float64).requires_grad_() for n in grads}
+                out = adapter.reference({**values, **leaves})
+                got = torch.autograd.grad(out, [leaves[n] for n in grads], grad.to(out.dtype), allow_unused=True)
+            return [torch.zeros_like(values[n]) if g is None else g.to(values[n].dtype)
+                    for n, g in zip(grads, got)]
+
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*[v for v in inputs if isinstance(v, torch.Tensor)])
+            ctx.scalars = [v for v in inputs if not isinstance(v, torch.Tensor)]
+
+        def backward(ctx, grad):
+            tensors, scalars = list(ctx.saved_tensors), list(ctx.scalars)
+            args = [tensors.pop(0) if a["kind"] == "tensor" else scalars.pop(0) for a in adapter.params]
+            got = dict(zip(grads, backward_of(grad, *args)))
+            return tuple(got.get(a["name"]) for a in adapter.params)
+
+        op.register_autograd(backward, setup_context=setup_context)
+        return op, backward_of
+
+    def function(self, *args, **kwargs) -> torch.Tensor:
+        kop = self.kop
+        values = self._values(args, kwargs)
+        ordered = [values[n] for n in self.names]
+        tensors = [v for v in ordered if isinstance(v, torch.Tensor)]
+        if kop.eager(*tensors):
+            try:
+                out = torch.empty(self.out_shape(values), dtype=self.out_dtype, device=tensors[0].device)
+                rc = kop.module.forward(*self._binding_args(values, out))
+            except (ValueError, TypeError, IndexError, KeyError, AttributeError, RuntimeError):
+                pass  # the checks below say why (or the binding's own check raises again)
+            else:
+                if rc:
+                    raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
+                return out
+        misfit = _call_misfit(self.call, values, kop.device_type)
+        if misfit is not None:
+            kop.outside(*misfit)
+            return self._reference(values)
+        return kop.op(*[v.contiguous() if isinstance(v, torch.Tensor) else v for v in ordered])
+
+    def call_features(self, args, kwargs):
+        values = dict(zip(self.names, args))
+        values.update({k: v for k, v in kwargs.items() if k in self.names})
+        sizes = resolve_sizes(self.call, values)
+        return {k: int(v) for k, v in sizes.items() if k not in self.call["fixed"]}, ()
+
+    def spec_features(self, spec):
+        return {k: int(v) for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}, ()
+
+
+class KernelOp:
+    """One built kernel, registered as custom ops through its family's adapter, with the user-facing function
+    (`function`). `adapter`: an OpAdapter, or a callable taking the kernel record (kernel.json) and returning one;
+    default: the family's, found by its name among the shipped and installed families (needs EvoEngineer)."""
+
+    def __init__(self, folder: str | Path, *, adapter: Any = None, fallback: str | None = None,
+                 build_root: str | Path | None = None):
         if fallback not in (None, "reference"):
             raise ValueError(f"fallback: None or 'reference', got {fallback!r}")
         if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -216,422 +384,66 @@ class KernelOp:
         self.signature = dict(self.build["signature"])
         self.fallback = fallback
         self._warned = False
+        self.adapter = _adapter_for(self.kernel, adapter)
         self.module = build_module(self.folder, self.kernel, Path(build_root) if build_root else None)
         self.device_type = "cuda" if self.build["backend"] == "cuda" else "cpu"
+        self.adapter.bind(self)
         key = self.kernel["hash"][:16]
         ops = _registered_ops()
         if key in ops:  # the same kernel loaded again in this process (by any copy of this runtime): share its ops
             self.op, self.backward_op = ops[key]
         else:
-            register = {"msda": self._register_msda, "sdpa": self._register_sdpa,
-                        "decode": self._register_decode}.get(self.task)
-            if register is None:
-                raise ValueError(f"kernel.json: task {self.task!r} has no exported op (msda, sdpa, decode)")
             # Registered once per process and never again: a second custom_op of the same name fails halfway, and
             # the half-made definition, once garbage-collected, takes kernels of the first one with it (seen as
             # intermittent crashes when an exported package and evoengineer.load held the same kernel).
-            register(f"{self.task}_{key}")
+            op_name = re.sub(r"\W", "_", f"{self.task}_{key}")
+            self.op, self.backward_op = self.adapter.register(op_name)
             ops[key] = (self.op, self.backward_op)
-        self.function: Callable[..., torch.Tensor] = {"msda": self.ms_deform_attn,
-                                                      "sdpa": self.scaled_dot_product_attention,
-                                                      "decode": self.decode_attention}[self.task]
+        self.function: Callable[..., torch.Tensor] = self.adapter.function
 
-    # ---- shared -----------------------------------------------------------------------------------------------------
-    def _outside(self, why: str, kind: type[Exception] = ValueError) -> None:
+    def eager(self, *tensors: Any) -> bool:
+        """Whether a call may run the kernel straight from its binding: not traced by torch.compile and no
+        gradient to record."""
+        if torch.compiler.is_compiling():
+            return False
+        if torch.is_grad_enabled():
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    return False
+        return True
+
+    def outside(self, why: str, kind: type[Exception] = ValueError) -> None:
         """Inputs the kernel was not compiled for: raise, or (fallback="reference") warn once and let the caller
         use the reference."""
         if self.fallback != "reference":
             raise kind(why)
         if not self._warned:
             warnings.warn(f"kernel {self.kernel['hash'][:12]}: {why}; computing with the PyTorch reference "
-                          "(fallback='reference'; warned once)", stacklevel=3)
+                          "(fallback='reference'; warned once)", stacklevel=4)
             self._warned = True
 
-    def _check_device(self, name: str, t: torch.Tensor, device: torch.device) -> str | None:
+    def check_device(self, name: str, t: torch.Tensor, device: torch.device) -> str | None:
         if t.device.type != self.device_type:
             return f"{name}: on {t.device}, this kernel runs on {self.device_type}"
         if t.device != device:
             return f"{name}: on {t.device}, expected {device} (the device of the first input)"
         return None
 
-    # ---- msda -------------------------------------------------------------------------------------------------------
-    def _register_msda(self, name: str) -> None:
-        module = self.module
-        logits = self.msda_logits
 
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
-        def op(value: torch.Tensor, spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
-               sampling_locations: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
-            N, _, M, D = value.shape
-            out = value.new_empty((N, sampling_locations.shape[1], M * D))
-            rc = module.forward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out)
-            if rc != 0:
-                raise RuntimeError(f"MSDA kernel returned status {rc}")
-            return out
-
-        @op.register_fake
-        def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-            N, _, M, D = value.shape
-            return value.new_empty((N, sampling_locations.shape[1], M * D))
-
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=())
-        def backward_op(grad: torch.Tensor, value: torch.Tensor, spatial_shapes: torch.Tensor,
-                        level_start_index: torch.Tensor, sampling_locations: torch.Tensor,
-                        attention_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            dt = torch.float64 if value.dtype == torch.float64 else torch.float32
-            weights = _softmax_lp(attention_weights, dt) if logits else attention_weights
-            gv, gl, ga = msda_reference_backward(grad, value, spatial_shapes, level_start_index, sampling_locations,
-                                                 weights, dtype=dt)
-            if logits:  # through the softmax over L * P: w * (g - sum(g * w))
-                w, g = weights.to(dt).flatten(-2), ga.to(dt).flatten(-2)
-                ga = (w * (g - (g * w).sum(-1, keepdim=True))).view(attention_weights.shape)
-            return gv.to(value.dtype), gl.to(sampling_locations.dtype), ga.to(attention_weights.dtype)
-
-        @backward_op.register_fake
-        def _(grad, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-            return (torch.empty_like(value), torch.empty_like(sampling_locations),
-                    torch.empty_like(attention_weights))
-
-        def setup_context(ctx, inputs, output):
-            ctx.save_for_backward(*inputs)
-
-        def backward(ctx, grad):
-            value, shapes, starts, loc, attn = ctx.saved_tensors
-            gv, gl, ga = backward_op(grad.contiguous(), value, shapes, starts, loc, attn)
-            return gv, None, None, gl, ga
-
-        op.register_autograd(backward, setup_context=setup_context)
-        self.op, self.backward_op = op, backward_op
-
-    @property
-    def msda_logits(self) -> bool:
-        """The kernel takes attention logits (signature ATTENTION = "logits") and softmaxes them over L * P."""
-        return self.signature.get("ATTENTION", "weights") == "logits"
-
-    def msda_misfit(self, value, spatial_shapes, level_start_index, sampling_locations,
-                    attention_weights) -> tuple[str, type[Exception]] | None:
-        """Why these inputs are outside what the kernel was compiled for (static facts only: no data is read), or
-        None. The binding checks the same and the index values again at run time."""
-        sig = self.signature
-        want_dtype = _DTYPES[sig.get("VALUE_DTYPE", "float32")]
-        L, P, D = int(sig["L"]), int(sig["P"]), int(sig["D"])
-        named = {"value": value, "value_spatial_shapes": spatial_shapes,
-                 "value_level_start_index": level_start_index, "sampling_locations": sampling_locations,
-                 "attention_weights": attention_weights}
-        for n, t in named.items():
-            if not isinstance(t, torch.Tensor):
-                return f"{n}: expected a tensor, got {type(t).__name__}", TypeError
-        for n, t in named.items():
-            bad = self._check_device(n, t, value.device)
-            if bad:
-                return bad, ValueError
-        dims = {"value": 4, "sampling_locations": 6, "attention_weights": 5, "value_spatial_shapes": 2,
-                "value_level_start_index": 1}
-        for n, d in dims.items():
-            if named[n].dim() != d:
-                return f"{n}: expected {d} dimensions, got {named[n].dim()} (shape {tuple(named[n].shape)})", \
-                    ValueError
-        if value.dtype != want_dtype:
-            return (f"value: dtype {_dtype_name(value.dtype)}, but this kernel was compiled for "
-                    f"{_dtype_name(want_dtype)}"), TypeError
-        for n in ("sampling_locations", "attention_weights"):
-            if named[n].dtype != torch.float32:
-                return f"{n}: dtype {_dtype_name(named[n].dtype)}, expected float32", TypeError
-        for n in ("value_spatial_shapes", "value_level_start_index"):
-            if named[n].dtype != torch.int64:
-                return f"{n}: dtype {_dtype_name(named[n].dtype)}, expected int64", TypeError
-        if value.shape[3] != D:
-            return f"value: head dim D = {value.shape[3]} (size 3), but this kernel was compiled for D = {D}", \
-                ValueError
-        if sampling_locations.shape[3] != L:
-            return (f"sampling_locations: L = {sampling_locations.shape[3]} levels (size 3), but this kernel was "
-                    f"compiled for L = {L}"), ValueError
-        if sampling_locations.shape[4] != P:
-            return (f"sampling_locations: P = {sampling_locations.shape[4]} points (size 4), but this kernel was "
-                    f"compiled for P = {P}"), ValueError
-        N, _, M, _ = value.shape
-        Lq = sampling_locations.shape[1]
-        checks = [("sampling_locations", sampling_locations.shape, (N, Lq, M, L, P, 2)),
-                  ("attention_weights", attention_weights.shape, (N, Lq, M, L, P)),
-                  ("value_spatial_shapes", spatial_shapes.shape, (L, 2)),
-                  ("value_level_start_index", level_start_index.shape, (L,))]
-        for n, got, want in checks:
-            if tuple(got) != want:
-                return f"{n}: shape {tuple(got)}, expected {want} (from value {tuple(value.shape)})", ValueError
-        return None
-
-    def ms_deform_attn(self, value: torch.Tensor, value_spatial_shapes: torch.Tensor,
-                       value_level_start_index: torch.Tensor, sampling_locations: torch.Tensor,
-                       attention_weights: torch.Tensor, im2col_step: int = 64) -> torch.Tensor:
-        """Deformable DETR's MSDA forward: value [N, S, M, D], spatial shapes [L, 2] (H, W), level start index [L],
-        sampling locations [N, Lq, M, L, P, 2] in [0, 1], attention weights [N, Lq, M, L, P] -> [N, Lq, M * D].
-        `im2col_step` is accepted for compatibility and ignored."""
-        args = (value, value_spatial_shapes, value_level_start_index, sampling_locations, attention_weights)
-        misfit = self.msda_misfit(*args)
-        if misfit is not None:
-            self._outside(*misfit)
-            dt = torch.float64 if value.dtype == torch.float64 else torch.float32
-            if self.msda_logits:
-                args = (*args[:4], _softmax_lp(attention_weights, dt))
-            return msda_reference(*args, dtype=dt).to(value.dtype)
-        return self.op(*(t.contiguous() for t in args))
-
-    # ---- sdpa -------------------------------------------------------------------------------------------------------
-    def _register_sdpa(self, name: str) -> None:
-        module = self.module
-
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
-        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
-               is_causal: bool, scale: float) -> torch.Tensor:
-            out = torch.empty_like(q)
-            rc = module.forward(q, k, v, k_scale, v_scale, out, is_causal, scale)
-            if rc != 0:
-                raise RuntimeError(f"SDPA kernel returned status {rc}")
-            return out
-
-        @op.register_fake
-        def _(q, k, v, k_scale, v_scale, is_causal, scale):
-            return torch.empty_like(q)
-
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=())
-        def backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        k_scale: torch.Tensor, v_scale: torch.Tensor, is_causal: bool,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            gq, gk, gv = sdpa_reference_backward(grad, q, k, v, k_scale, v_scale, is_causal, scale)
-            return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
-
-        @backward_op.register_fake
-        def _(grad, q, k, v, k_scale, v_scale, is_causal, scale):
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-        def setup_context(ctx, inputs, output):
-            q, k, v, k_scale, v_scale, is_causal, scale = inputs
-            ctx.save_for_backward(q, k, v, k_scale, v_scale)
-            ctx.is_causal, ctx.scale = is_causal, scale
-
-        def backward(ctx, grad):
-            q, k, v, k_scale, v_scale = ctx.saved_tensors
-            gq, gk, gv = backward_op(grad.contiguous(), q, k, v, k_scale, v_scale, ctx.is_causal, ctx.scale)
-            return gq, gk, gv, None, None, None, None
-
-        op.register_autograd(backward, setup_context=setup_context)
-        self.op, self.backward_op = op, backward_op
-
-    def sdpa_misfit(self, query, key, value, attn_mask, dropout_p, enable_gqa, k_scale,
-                    v_scale) -> tuple[str, type[Exception]] | None:
-        sig = self.signature
-        head_dim = int(sig["HEAD_DIM"])
-        q_dt = _DTYPES[sig.get("Q_DTYPE", "float16")]
-        kv_dt = _DTYPES[sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))]
-        named = {"query": query, "key": key, "value": value}
-        for n, t in named.items():
-            if not isinstance(t, torch.Tensor):
-                return f"{n}: expected a tensor, got {type(t).__name__}", TypeError
-            bad = self._check_device(n, t, query.device)
-            if bad:
-                return bad, ValueError
-            if t.dim() != 4:
-                return f"{n}: expected 4 dimensions [B, H, S, D], got {t.dim()} (shape {tuple(t.shape)})", ValueError
-        if attn_mask is not None:
-            return "attn_mask: this kernel takes no mask (is_causal only)", ValueError
-        if dropout_p:
-            return f"dropout_p: {dropout_p}, this kernel has no dropout", ValueError
-        if query.dtype != q_dt:
-            return (f"query: dtype {_dtype_name(query.dtype)}, but this kernel was compiled for "
-                    f"{_dtype_name(q_dt)}"), TypeError
-        for n in ("key", "value"):
-            if named[n].dtype != kv_dt:
-                return (f"{n}: dtype {_dtype_name(named[n].dtype)}, but this kernel was compiled for "
-                        f"{_dtype_name(kv_dt)}"), TypeError
-        if query.shape[3] != head_dim:
-            return (f"query: head dim {query.shape[3]} (size 3), but this kernel was compiled for head dim "
-                    f"{head_dim}"), ValueError
-        B, H, _, D = query.shape
-        if tuple(key.shape[:2]) != (B, H) or key.shape[3] != D:
-            what = " (grouped-query attention is not in this kernel)" if enable_gqa or key.shape[1] != H else ""
-            return f"key: shape {tuple(key.shape)}, expected [{B}, {H}, Sk, {D}] (from query){what}", ValueError
-        if value.shape != key.shape:
-            return f"value: shape {tuple(value.shape)}, expected the shape of key {tuple(key.shape)}", ValueError
-        for n, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is not None and (not isinstance(s, torch.Tensor) or tuple(s.shape) != (H,)
-                                  or s.dtype != torch.float32):
-                return f"{n}: expected a float32 tensor [H] = [{H}]", ValueError
-        if kv_dt != torch.float8_e4m3fn and (k_scale is not None or v_scale is not None):
-            return "k_scale/v_scale: only for a kernel compiled for float8 K/V", ValueError
-        return None
-
-    def scaled_dot_product_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                                     is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-                                     *, k_scale: torch.Tensor | None = None,
-                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """torch.nn.functional.scaled_dot_product_attention on this kernel (no mask, no dropout; causal is
-        top-left aligned). FP8 K/V kernels take per-head float32 `k_scale`/`v_scale` (real = stored x scale)."""
-        misfit = self.sdpa_misfit(query, key, value, attn_mask, dropout_p, enable_gqa, k_scale, v_scale)
-        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-        if misfit is not None:
-            self._outside(*misfit)
-            k = key if k_scale is None else (key.float() * k_scale.view(1, -1, 1, 1)).to(query.dtype)
-            v = value if v_scale is None else (value.float() * v_scale.view(1, -1, 1, 1)).to(query.dtype)
-            gqa = {"enable_gqa": True} if enable_gqa else {}
-            return F.scaled_dot_product_attention(query, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, scale=scale, **gqa)
-        H = query.shape[1]
-        ones = torch.ones(H, dtype=torch.float32, device=query.device)
-        ks = ones if k_scale is None else k_scale.contiguous()
-        vs = ones if v_scale is None else v_scale.contiguous()
-        return self.op(query.contiguous(), key.contiguous(), value.contiguous(), ks, vs, bool(is_causal), scale)
-
-    # ---- decode -----------------------------------------------------------------------------------------------------
-    def _register_decode(self, name: str) -> None:
-        module = self.module
-
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
-        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
-               seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-            out = torch.empty_like(q)
-            rc = module.forward(q, k, v, k_scale, v_scale, seq_lens, out, scale)
-            if rc != 0:
-                raise RuntimeError(f"decode kernel returned status {rc}")
-            return out
-
-        @op.register_fake
-        def _(q, k, v, k_scale, v_scale, seq_lens, scale):
-            return torch.empty_like(q)
-
-        @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=())
-        def backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        k_scale: torch.Tensor, v_scale: torch.Tensor, seq_lens: torch.Tensor,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            gq, gk, gv = decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens, scale)
-            return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
-
-        @backward_op.register_fake
-        def _(grad, q, k, v, k_scale, v_scale, seq_lens, scale):
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-        def setup_context(ctx, inputs, output):
-            q, k, v, k_scale, v_scale, seq_lens, scale = inputs
-            ctx.save_for_backward(q, k, v, k_scale, v_scale, seq_lens)
-            ctx.scale = scale
-
-        def backward(ctx, grad):
-            q, k, v, k_scale, v_scale, seq_lens = ctx.saved_tensors
-            gq, gk, gv = backward_op(grad.contiguous(), q, k, v, k_scale, v_scale, seq_lens, ctx.scale)
-            return gq, gk, gv, None, None, None, None
-
-        op.register_autograd(backward, setup_context=setup_context)
-        self.op, self.backward_op = op, backward_op
-
-    def decode_misfit(self, query, key_cache, value_cache, seq_lens, k_scale,
-                      v_scale) -> tuple[str, type[Exception]] | None:
-        sig = self.signature
-        head_dim = int(sig["HEAD_DIM"])
-        q_dt = _DTYPES[sig.get("Q_DTYPE", "float16")]
-        kv_dt = _DTYPES[sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))]
-        named = {"query": query, "key_cache": key_cache, "value_cache": value_cache, "seq_lens": seq_lens}
-        for n, t in named.items():
-            if not isinstance(t, torch.Tensor):
-                return f"{n}: expected a tensor, got {type(t).__name__}", TypeError
-            bad = self._check_device(n, t, query.device)
-            if bad:
-                return bad, ValueError
-            dims = 1 if n == "seq_lens" else 4
-            if t.dim() != dims:
-                return f"{n}: expected {dims} dimensions, got {t.dim()} (shape {tuple(t.shape)})", ValueError
-        if query.dtype != q_dt:
-            return (f"query: dtype {_dtype_name(query.dtype)}, but this kernel was compiled for "
-                    f"{_dtype_name(q_dt)}"), TypeError
-        for n in ("key_cache", "value_cache"):
-            if named[n].dtype != kv_dt:
-                return (f"{n}: dtype {_dtype_name(named[n].dtype)}, but this kernel was compiled for "
-                        f"{_dtype_name(kv_dt)}"), TypeError
-        if seq_lens.dtype not in (torch.int32, torch.int64):
-            return f"seq_lens: dtype {_dtype_name(seq_lens.dtype)}, expected int32 (or int64)", TypeError
-        B, Hq, Sq, D = query.shape
-        if D != head_dim:
-            return f"query: head dim {D} (size 3), but this kernel was compiled for head dim {head_dim}", ValueError
-        if not 1 <= Sq <= 16:
-            return f"query: {Sq} query rows (size 2); this kernel decodes 1 to 16", ValueError
-        Hkv = key_cache.shape[1]
-        if key_cache.shape[0] != B or key_cache.shape[3] != D or Hkv == 0 or Hq % Hkv or key_cache.shape[2] == 0:
-            return (f"key_cache: shape {tuple(key_cache.shape)}, expected [{B}, Hkv, Sk >= 1, {D}] with Hkv "
-                    f"dividing the {Hq} query heads"), ValueError
-        if value_cache.shape != key_cache.shape:
-            return (f"value_cache: shape {tuple(value_cache.shape)}, expected the shape of key_cache "
-                    f"{tuple(key_cache.shape)}"), ValueError
-        if tuple(seq_lens.shape) != (B,):
-            return f"seq_lens: shape {tuple(seq_lens.shape)}, expected [B] = [{B}]", ValueError
-        for n, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is not None and (not isinstance(s, torch.Tensor) or tuple(s.shape) != (Hkv,)
-                                  or s.dtype != torch.float32 or s.device != query.device):
-                return f"{n}: expected a float32 tensor [Hkv] = [{Hkv}] on {query.device}", ValueError
-        if kv_dt != torch.float8_e4m3fn and (k_scale is not None or v_scale is not None):
-            return "k_scale/v_scale: only for a kernel compiled for float8 K/V", ValueError
-        return None
-
-    def decode_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                         seq_lens: torch.Tensor, *, scale: float | None = None, k_scale: torch.Tensor | None = None,
-                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention of query [B, Hq, Sq, D] over a KV cache [B, Hkv, Sk, D] (Hq = G x Hkv): every query row of
-        sequence b sees keys 0 .. seq_lens[b] - 1 (lengths are clamped to [1, Sk] on the device, not checked: that
-        would cost a device-to-host copy). FP8 caches take per-KV-head float32 `k_scale`/`v_scale`."""
-        misfit = self.decode_misfit(query, key_cache, value_cache, seq_lens, k_scale, v_scale)
-        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-        Hkv = key_cache.shape[1] if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4 else 1
-        ones = torch.ones(Hkv, dtype=torch.float32, device=query.device)
-        ks = ones if k_scale is None else k_scale.contiguous()
-        vs = ones if v_scale is None else v_scale.contiguous()
-        if misfit is not None:
-            self._outside(*misfit)
-            return decode_reference(query, key_cache, value_cache, ks, vs, seq_lens, scale)
-        return self.op(query.contiguous(), key_cache.contiguous(), value_cache.contiguous(), ks, vs,
-                       seq_lens.to(torch.int32).contiguous(), scale)
+def _adapter_for(kernel: dict[str, Any], adapter: Any) -> OpAdapter:
+    if adapter is None:
+        try:
+            from evoengineer.families import op_adapter_for
+        except ImportError:
+            raise ValueError(f"kernel {kernel.get('hash', '?')[:12]}: no op adapter given and EvoEngineer is not "
+                             "installed to find the family's") from None
+        return op_adapter_for(kernel)
+    if isinstance(adapter, OpAdapter):
+        return copy.copy(adapter)  # bound to one KernelOp each
+    return adapter(kernel)
 
 
 # ---- several kernels, one per timed shape ----------------------------------------------------------------------------
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
-def _msda_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
-    value, loc = _arg(args, kwargs, 0, "value"), _arg(args, kwargs, 3, "sampling_locations")
-    N, S, M, Lq = int(value.shape[0]), int(value.shape[1]), int(value.shape[2]), int(loc.shape[1])
-    return {"N": N, "Lq": Lq, "M": M, "S": S}, (True if Lq == S else False,)  # a plain bool, also under torch.compile
-
-
-def _msda_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
-    S = sum(h * w for h, w in spec["levels"])
-    return {"N": spec["N"], "Lq": spec["Lq"], "M": spec["M"], "S": S}, (spec["Lq"] == S,)
-
-
-def _sdpa_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
-    q, k = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
-    causal = bool(_arg(args, kwargs, 5, "is_causal"))
-    return {"B": int(q.shape[0]), "H": int(q.shape[1]), "Sq": int(q.shape[2]), "Sk": int(k.shape[2])}, (causal,)
-
-
-def _sdpa_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
-    return {k: spec[k] for k in ("B", "H", "Sq", "Sk")}, (bool(spec.get("causal", False)),)
-
-
-def _decode_call(args: tuple, kwargs: dict) -> tuple[dict[str, int], tuple]:
-    q, kc = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key_cache")
-    return {"B": int(q.shape[0]), "Hq": int(q.shape[1]), "Sq": int(q.shape[2]), "Hkv": int(kc.shape[1]),
-            "Sk": int(kc.shape[2])}, ()
-
-
-def _decode_spec(spec: dict[str, Any]) -> tuple[dict[str, int], tuple]:
-    return {"B": spec["B"], "Hq": spec["Hq"], "Sq": spec.get("Sq", 1), "Hkv": spec["Hkv"], "Sk": spec["Sk"]}, ()
-
-
-#: task -> (features of a call's arguments, features of a recorded shape spec): sizes compared on a log scale, and
-#: a kind that must match when a recorded shape matches it (MSDA: Lq == S, encoder self-attention; SDPA: causal)
-SHAPE_FEATURES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    "msda": (_msda_call, _msda_spec), "sdpa": (_sdpa_call, _sdpa_spec), "decode": (_decode_call, _decode_spec)}
-_FUNCTIONS = {"msda": "ms_deform_attn", "sdpa": "scaled_dot_product_attention", "decode": "decode_attention"}
-
-
 def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
     """Sum of |log(a/b)| over the sizes both have."""
     return sum(abs(math.log(max(int(a[k]), 1) / max(int(b[k]), 1))) for k in a if k in b)
@@ -640,27 +452,28 @@ def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
 class ShapeDispatch:
     """Kernels of one family, each the fastest of its search on one timed shape: a call runs the kernel whose
     recorded shape is nearest to its inputs (`choose`), built on first use (`KernelOp`; its signature checks and
-    fallback apply as they do alone). `table`: one row per shape (shape, shape_spec, hash, p50_us, folder)."""
+    fallback apply as they do alone). `table`: one row per shape (shape, shape_spec, hash, p50_us, folder).
+    `adapter` as for KernelOp (one per kernel when a callable)."""
 
-    def __init__(self, table: list[dict[str, Any]], *, fallback: str | None = None,
+    def __init__(self, table: list[dict[str, Any]], *, adapter: Any = None, fallback: str | None = None,
                  build_root: str | Path | None = None):
         if not table:
             raise ValueError("ShapeDispatch: no kernels")
         self.table = [dict(row, folder=Path(row["folder"])) for row in table]
         self.fallback = fallback
         self.build_root = build_root
+        self.adapter = adapter
         kernels = [json.loads((row["folder"] / "kernel.json").read_text()) for row in self.table]
         tasks = {k["build"]["task"] for k in kernels}
-        if len(tasks) != 1 or next(iter(tasks)) not in SHAPE_FEATURES:
-            raise ValueError(f"ShapeDispatch: kernels of one family (msda, sdpa, decode) expected, got {sorted(tasks)}")
+        if len(tasks) != 1:
+            raise ValueError(f"ShapeDispatch: kernels of one family expected, got {sorted(tasks)}")
         self.task = tasks.pop()
         self.signature = dict(kernels[0]["build"]["signature"])
+        self._features_of = _adapter_for(kernels[0], adapter)  # describes calls; builds nothing
         self.ops: dict[str, KernelOp] = {}  # by hash: the kernels built so far
         self.calls: dict[str, int] = {row["hash"]: 0 for row in self.table}
-        call_features, spec_features = SHAPE_FEATURES[self.task]
-        self._call_features = call_features
-        self._features = [spec_features(row["shape_spec"]) for row in self.table]
-        name = _FUNCTIONS[self.task]
+        self._features = [self._features_of.spec_features(row["shape_spec"]) for row in self.table]
+        name = self._features_of.function_name
 
         def function(*args, **kwargs):
             row = self.choose(*args, **kwargs)
@@ -668,7 +481,7 @@ class ShapeDispatch:
             return self.op_for(row).function(*args, **kwargs)
 
         function.__name__ = function.__qualname__ = name
-        function.__doc__ = getattr(KernelOp, name).__doc__
+        function.__doc__ = type(self._features_of).function.__doc__
         self.function: Callable[..., torch.Tensor] = function
 
     @classmethod
@@ -684,8 +497,8 @@ class ShapeDispatch:
         if len(self.table) == 1:
             return self.table[0]
         try:
-            sizes, kind = self._call_features(args, kwargs)
-        except (AttributeError, IndexError, TypeError):
+            sizes, kind = self._features_of.call_features(args, kwargs)
+        except (AttributeError, IndexError, KeyError, TypeError):
             return self.table[0]  # not tensors of the family's layout: the first kernel's checks say what is wrong
         same_kind = any(k == kind for _, k in self._features)
         best, best_d = 0, math.inf
@@ -707,5 +520,6 @@ class ShapeDispatch:
         """The row's kernel, built and registered on first use."""
         op = self.ops.get(row["hash"])
         if op is None:
-            op = self.ops[row["hash"]] = KernelOp(row["folder"], fallback=self.fallback, build_root=self.build_root)
+            op = self.ops[row["hash"]] = KernelOp(row["folder"], adapter=self.adapter, fallback=self.fallback,
+                                                  build_root=self.build_root)
         return op

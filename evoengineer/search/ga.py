@@ -32,7 +32,7 @@ Individual = Any
 
 @dataclass
 class GAParams:
-    """Operator rates. cxpb/mutpb per child; indpb per gene. Defaults tuned on the CPU and CUDA MSDA landscapes
+    """Operator rates. cxpb/mutpb per child; indpb per gene. Defaults tuned on the recorded CPU and CUDA landscapes
     (experiments/strategies/README.md): frequent crossover, every child mutated, lightly (one gene in ten), and
     8 children bred per slot of which the gene-value model keeps the most promising."""
 

@@ -1,7 +1,13 @@
-// Shared by the family bindings: wraps a candidate's kernel entry point in a Python extension module, and reads the
-// signature the candidate was compiled for ("KEY=VALUE;KEY=VALUE", written by the build shim).
+// Shared by every binding (the shipped families' own and the generated ones): wraps a candidate's kernel entry
+// point in a Python extension module, reads the signature the candidate was compiled for ("KEY=VALUE;KEY=VALUE",
+// written by the build shim), and parses call arguments with the CPython API.
+//
+// No C++ exception leaves this file's functions: a function a module exposes runs inside evo_guard, which turns an
+// argument error (EVO_CHECK_VALUE / EVO_CHECK_TYPE) into a Python ValueError / TypeError and anything else into a
+// RuntimeError. (On some hosts a c10::Error that reaches pybind11's translators kills the process.)
 #pragma once
 #include <torch/extension.h>
+#include <torch/csrc/autograd/python_variable.h>
 #ifdef EVO_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,10 +15,48 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 using EvoSignature = std::map<std::string, std::string>;
+
+// An argument the kernel was not compiled for: which Python exception, and the message. Not a std::exception, so
+// nothing but evo_guard catches it by accident.
+struct EvoArgError {
+  PyObject* kind;
+  std::string message;
+};
+
+#define EVO_CHECK_VALUE(cond, ...) \
+  do {                             \
+    if (!(cond)) throw EvoArgError{PyExc_ValueError, c10::str(__VA_ARGS__)}; \
+  } while (0)
+#define EVO_CHECK_TYPE(cond, ...) \
+  do {                            \
+    if (!(cond)) throw EvoArgError{PyExc_TypeError, c10::str(__VA_ARGS__)}; \
+  } while (0)
+
+// Runs `body` (returns a new reference, or nullptr with a Python error set); every C++ exception becomes a Python
+// one here.
+template <typename Body>
+PyObject* evo_guard(Body body) {
+  try {
+    return body();
+  } catch (const EvoArgError& e) {
+    PyErr_SetString(e.kind, e.message.c_str());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception in the kernel binding");
+  }
+  return nullptr;
+}
 
 inline EvoSignature evo_parse_signature(const char* text) {
   EvoSignature sig;
@@ -31,7 +75,7 @@ inline EvoSignature evo_parse_signature(const char* text) {
 
 inline int64_t evo_signature_int(const EvoSignature& sig, const char* key) {
   auto it = sig.find(key);
-  TORCH_CHECK(it != sig.end(), "candidate signature has no ", key);
+  if (it == sig.end()) throw std::runtime_error(std::string("candidate signature has no ") + key);
   return std::strtoll(it->second.c_str(), nullptr, 10);
 }
 
@@ -40,7 +84,14 @@ inline at::ScalarType evo_dtype_named(const std::string& name) {
   if (name == "float16") return at::kHalf;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float8_e4m3") return at::ScalarType::Float8_e4m3fn;
-  TORCH_CHECK(false, "candidate signature names an unknown dtype ", name);
+  if (name == "float64") return at::kDouble;
+  if (name == "int64") return at::kLong;
+  if (name == "int32") return at::kInt;
+  if (name == "int16") return at::kShort;
+  if (name == "int8") return at::kChar;
+  if (name == "uint8") return at::kByte;
+  if (name == "bool") return at::kBool;
+  throw std::runtime_error("candidate signature names an unknown dtype " + name);
 }
 
 // The dtype as torch spells it in Python (float16, not Half), for error messages.
@@ -52,78 +103,195 @@ inline std::string evo_dtype_name(at::ScalarType t) {
     case at::kDouble: return "float64";
     case at::kLong: return "int64";
     case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
     case at::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
     default: return std::string(c10::toString(t));
   }
 }
 
-// A tensor argument of an attention binding: its rank, contiguity and device (the first input's), else a
-// ValueError naming it and what it is.
-inline void evo_expect_tensor(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
-  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
-                    ")");
-  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
-  TORCH_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of q)");
-}
-
-// A tensor of the dtype the kernel was compiled for, else a TypeError naming it, both dtypes and the signature.
-inline void evo_expect_dtype(const torch::Tensor& t, const char* name, at::ScalarType want, const std::string& sig) {
-  TORCH_CHECK_TYPE(t.scalar_type() == want, name, ": dtype ", evo_dtype_name(t.scalar_type()),
-                   ", but this kernel was compiled for ", evo_dtype_name(want), " (", sig, ")");
-}
-
-// The first tensor argument is on the kind of device this build runs on (CUDA build: a CUDA device; else the CPU).
-inline void evo_expect_build_device(const torch::Tensor& t, const char* name) {
-#ifdef EVO_WITH_CUDA
-  TORCH_CHECK_VALUE(t.device().is_cuda(), name, ": on ", t.device(), ", this CUDA kernel needs CUDA tensors");
-#else
-  TORCH_CHECK_VALUE(t.device().is_cpu(), name, ": on ", t.device(), ", this CPU kernel needs CPU tensors");
-#endif
-}
-// What every attention binding checks first: q's device is the kind this build runs on; q, k, v, out are 4-D and
-// k_scale, v_scale 1-D, all contiguous on q's device; q and out have the compiled Q dtype.
-inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                         const torch::Tensor& k_scale, const torch::Tensor& v_scale,
-                                         const torch::Tensor& out, at::ScalarType q_dtype, const std::string& sig) {
-  const auto device = q.device();
-  evo_expect_build_device(q, "q");
-  evo_expect_tensor(q, "q", 4, device);
-  evo_expect_tensor(k, "k", 4, device);
-  evo_expect_tensor(v, "v", 4, device);
-  evo_expect_tensor(out, "out", 4, device);
-  evo_expect_tensor(k_scale, "k_scale", 1, device);
-  evo_expect_tensor(v_scale, "v_scale", 1, device);
-  evo_expect_dtype(q, "q", q_dtype, sig);
-  TORCH_CHECK_TYPE(out.scalar_type() == q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()), " must match q (",
-                   evo_dtype_name(q_dtype), ")");
-}
 inline at::ScalarType evo_signature_dtype(const EvoSignature& sig, const char* key, const char* fallback) {
   auto it = sig.find(key);
   return evo_dtype_named(it == sig.end() ? std::string(fallback) : it->second);
 }
 
+// ---- call arguments ------------------------------------------------------------------------------------------------
+// The arguments of one call (vectorcall: positional, then keywords named in `kwnames`), by declared position.
+class EvoArgs {
+ public:
+  EvoArgs(const char* function, const std::vector<std::string>& names, PyObject* const* args, Py_ssize_t nargs,
+          PyObject* kwnames)
+      : function_(function), names_(names), given_(names.size(), nullptr) {
+    EVO_CHECK_TYPE(static_cast<size_t>(nargs) <= names.size(), function, "() takes ", names.size(),
+                   " arguments, got ", nargs);
+    for (Py_ssize_t i = 0; i < nargs; ++i) given_[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; ++j) {
+      const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, j));
+      if (key == nullptr) {
+        PyErr_Clear();
+        throw EvoArgError{PyExc_TypeError, c10::str(function, "(): keywords must be strings")};
+      }
+      size_t at = 0;
+      while (at < names.size() && names[at] != key) ++at;
+      EVO_CHECK_TYPE(at < names.size(), function, "() got an unexpected keyword argument '", key, "'");
+      EVO_CHECK_TYPE(given_[at] == nullptr, function, "() got multiple values for argument '", key, "'");
+      given_[at] = args[nargs + j];
+    }
+    for (size_t i = 0; i < names.size(); ++i)
+      EVO_CHECK_TYPE(given_[i] != nullptr, function, "() missing argument '", names[i], "'");
+  }
+
+  const at::Tensor& tensor(size_t i) const {
+    PyObject* o = given_[i];
+    EVO_CHECK_TYPE(THPVariable_Check(o), names_[i], ": expected a tensor, got ", Py_TYPE(o)->tp_name);
+    return THPVariable_Unpack(o);
+  }
+  double real(size_t i) const {
+    PyObject* o = given_[i];
+    EVO_CHECK_TYPE(!PyBool_Check(o) && (PyFloat_Check(o) || PyLong_Check(o)), names_[i], ": expected a number, got ",
+                   Py_TYPE(o)->tp_name);
+    const double v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw EvoArgError{PyExc_ValueError, c10::str(names_[i], ": not representable as a float")};
+    }
+    return v;
+  }
+  int64_t integer(size_t i) const {
+    PyObject* o = given_[i];
+    EVO_CHECK_TYPE(PyLong_Check(o) && !PyBool_Check(o), names_[i], ": expected an int, got ", Py_TYPE(o)->tp_name);
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    EVO_CHECK_VALUE(!overflow && !(v == -1 && PyErr_Occurred()), names_[i], ": does not fit in 64 bits");
+    return v;
+  }
+  bool boolean(size_t i) const {
+    PyObject* o = given_[i];
+    EVO_CHECK_TYPE(PyBool_Check(o) || PyLong_Check(o), names_[i], ": expected a bool, got ", Py_TYPE(o)->tp_name);
+    return PyObject_IsTrue(o) == 1;
+  }
+
+ private:
+  const char* function_;
+  const std::vector<std::string>& names_;
+  std::vector<PyObject*> given_;
+};
+
+// A function of a candidate module: its name, argument names, doc, and the body run (inside evo_guard) per call.
+template <typename State>
+struct EvoFunction {
+  std::string name;
+  std::vector<std::string> args;
+  std::string doc;
+  PyObject* (*body)(State& state, const EvoArgs& args);
+};
+
+template <typename State>
+struct EvoBound {
+  std::shared_ptr<State> state;
+  EvoFunction<State> function;
+};
+
+template <typename State>
+PyObject* evo_vectorcall(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  auto* bound = static_cast<EvoBound<State>*>(PyCapsule_GetPointer(self, "evoengineer.function"));
+  if (bound == nullptr) return nullptr;
+  return evo_guard([&]() -> PyObject* {
+    const EvoArgs parsed(bound->function.name.c_str(), bound->function.args, args, nargs, kwnames);
+    return bound->function.body(*bound->state, parsed);
+  });
+}
+
+// Adds `function` to `module`; it holds `state` for as long as the function object lives. The method definition is
+// leaked on purpose (a few per candidate module, and a module is never unloaded).
+template <typename State>
+void evo_add_function(PyObject* module, std::shared_ptr<State> state, EvoFunction<State> function) {
+  auto* bound = new EvoBound<State>{std::move(state), std::move(function)};
+  PyObject* capsule = PyCapsule_New(bound, "evoengineer.function", [](PyObject* c) {
+    delete static_cast<EvoBound<State>*>(PyCapsule_GetPointer(c, "evoengineer.function"));
+  });
+  if (capsule == nullptr) throw std::runtime_error("cannot make a function capsule");
+  auto* def = new PyMethodDef{strdup(bound->function.name.c_str()),
+                              reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&evo_vectorcall<State>)),
+                              METH_FASTCALL | METH_KEYWORDS, strdup(bound->function.doc.c_str())};
+  PyObject* fn = PyCFunction_NewEx(def, capsule, nullptr);
+  Py_DECREF(capsule);
+  if (fn == nullptr || PyModule_AddObject(module, def->ml_name, fn) != 0) {
+    Py_XDECREF(fn);
+    throw std::runtime_error("cannot add function " + bound->function.name);
+  }
+}
+
 // Creates extension module `name` (with `signature` as a dict attribute) and lets `define(module)` add its
-// functions. The module definition and its name must outlive the module: they are leaked on purpose (one per
-// candidate).
+// functions (evo_add_function). The module definition and its name must outlive the module: they are leaked on
+// purpose (one per candidate). Returns nullptr with ImportError set when anything fails.
 template <typename Define>
 PyObject* evo_make_candidate_module(const char* name, const char* doc, const char* signature, Define define) {
-  auto* def = new pybind11::module_::module_def();
-  std::memset(def, 0, sizeof(*def));
-  const char* owned_name = strdup(name);
-  try {
-    auto m = pybind11::module_::create_extension_module(owned_name, doc, def);
-    pybind11::dict sig;
-    for (const auto& kv : evo_parse_signature(signature)) sig[pybind11::str(kv.first)] = pybind11::str(kv.second);
-    m.attr("signature") = sig;
-    define(m);
-    return m.release().ptr();
-  } catch (pybind11::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_ImportError, e.what());
-    return nullptr;
+  PyObject* result = evo_guard([&]() -> PyObject* {
+    auto* def = new PyModuleDef{PyModuleDef_HEAD_INIT, strdup(name), strdup(doc), -1, nullptr,
+                                nullptr, nullptr, nullptr, nullptr};
+    PyObject* m = PyModule_Create(def);
+    if (m == nullptr) return nullptr;
+    PyObject* sig = PyDict_New();
+    for (const auto& kv : evo_parse_signature(signature)) {
+      PyObject* v = PyUnicode_FromString(kv.second.c_str());
+      PyDict_SetItemString(sig, kv.first.c_str(), v);
+      Py_XDECREF(v);
+    }
+    if (PyModule_AddObject(m, "signature", sig) != 0) {
+      Py_DECREF(sig);
+      Py_DECREF(m);
+      return nullptr;
+    }
+    try {
+      define(m);
+    } catch (...) {
+      Py_DECREF(m);
+      throw;
+    }
+    return m;
+  });
+  if (result == nullptr && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_ImportError)) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* text = value ? PyObject_Str(value) : nullptr;
+    PyErr_SetString(PyExc_ImportError, text ? PyUnicode_AsUTF8(text) : "cannot create the candidate module");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
   }
+  return result;
+}
+
+inline PyObject* evo_return_int(int64_t v) { return PyLong_FromLongLong(v); }
+
+// ---- checks --------------------------------------------------------------------------------------------------------
+// A tensor argument: its rank, contiguity and device (the first input's), else a ValueError naming it and what it is.
+inline void evo_expect_tensor(const torch::Tensor& t, const char* name, int64_t dim, const torch::Device& device) {
+  EVO_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got ", t.dim(), " (shape ", t.sizes(),
+                  ")");
+  EVO_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+  EVO_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device, " (the device of ",
+                  "the first tensor)");
+}
+
+// A tensor of the dtype the kernel was compiled for, else a TypeError naming it, both dtypes and the signature.
+inline void evo_expect_dtype(const torch::Tensor& t, const char* name, at::ScalarType want, const std::string& sig) {
+  EVO_CHECK_TYPE(t.scalar_type() == want, name, ": dtype ", evo_dtype_name(t.scalar_type()),
+                 ", but this kernel was compiled for ", evo_dtype_name(want), " (", sig, ")");
+}
+
+// The first tensor argument is on the kind of device this build runs on (CUDA build: a CUDA device; else the CPU).
+inline void evo_expect_build_device(const torch::Tensor& t, const char* name) {
+#ifdef EVO_WITH_CUDA
+  EVO_CHECK_VALUE(t.device().is_cuda(), name, ": on ", t.device(), ", this CUDA kernel needs CUDA tensors");
+#else
+  EVO_CHECK_VALUE(t.device().is_cpu(), name, ": on ", t.device(), ", this CPU kernel needs CPU tensors");
+#endif
 }
 
 // Runs `call(stream)` (the kernel entry point) on `device` and its current stream (nullptr on the CPU), without the
@@ -137,9 +305,48 @@ int evo_call_on_stream(const torch::Device& device, Call call) {
 #else
   (void)device;
 #endif
-  pybind11::gil_scoped_release nogil;
-  return call(stream);
+  PyThreadState* saved = PyEval_SaveThread();
+  int status;
+  try {
+    status = call(stream);
+  } catch (...) {
+    PyEval_RestoreThread(saved);
+    throw;
+  }
+  PyEval_RestoreThread(saved);
+  return status;
 }
+
+// Whether the current CUDA stream is being captured into a graph (nothing may be read back then).
+inline bool evo_capturing(const torch::Tensor& t) {
+#ifdef EVO_WITH_CUDA
+  return t.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// The index tensor last found valid: the same tensor object, unmodified since (version counter), is not read back
+// again (on a GPU that read is a synchronization).
+struct EvoCheckedTensor {
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> impl;
+  uint32_t version = 0;
+  bool valid = false;
+  std::vector<int64_t> bounds;  // the limits it was checked against
+
+  bool same_as(const torch::Tensor& t, const std::vector<int64_t>& now) const {
+    if (!valid || now != bounds) return false;
+    auto alive = impl->lock();
+    return alive.defined() && alive.get() == t.unsafeGetTensorImpl() && t._version() == version;
+  }
+  void remember(const torch::Tensor& t, const std::vector<int64_t>& now) {
+    impl.emplace(t.getIntrusivePtr());
+    version = t._version();
+    bounds = now;
+    valid = true;
+  }
+};
 
 // The signature of an attention kernel (sdpa, decode families): HEAD_DIM, Q_DTYPE (default float16), KV_DTYPE
 // (default Q_DTYPE).
@@ -154,4 +361,83 @@ inline void evo_read_attention_signature(EvoAttentionSignature& sig) {
   sig.q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
   sig.kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
                                                                                    : "float16");
+}
+
+// What every attention binding checks first: q's device is the kind this build runs on; q, k, v, out are 4-D and
+// k_scale, v_scale 1-D, all contiguous on q's device; q and out have the compiled Q dtype.
+inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                         const torch::Tensor& k_scale, const torch::Tensor& v_scale,
+                                         const torch::Tensor& out, at::ScalarType q_dtype, const std::string& sig) {
+  const auto device = q.device();
+  evo_expect_build_device(q, "q");
+  evo_expect_tensor(q, "q", 4, device);
+  evo_expect_tensor(k, "k", 4, device);
+  evo_expect_tensor(v, "v", 4, device);
+  evo_expect_tensor(out, "out", 4, device);
+  evo_expect_tensor(k_scale, "k_scale", 1, device);
+  evo_expect_tensor(v_scale, "v_scale", 1, device);
+  evo_expect_dtype(q, "q", q_dtype, sig);
+  EVO_CHECK_TYPE(out.scalar_type() == q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()), " must match q (",
+                 evo_dtype_name(q_dtype), ")");
+}
+
+// Calls `call(workspace, &bytes)` (an entry point's workspace protocol: with workspace == nullptr a kernel that
+// needs scratch memory launches nothing, writes the bytes it needs and returns kEvoNeedWorkspace); allocates them
+// from torch's caching allocator (stream-ordered: reuse is ordered after the kernel) and calls again.
+constexpr int kEvoNeedWorkspace = 6;
+template <typename Call>
+int evo_with_workspace(const torch::Tensor& like, Call call) {
+  int64_t bytes = 0;
+  int status = call(nullptr, &bytes);
+  if (status == kEvoNeedWorkspace && bytes > 0) {
+    const torch::Tensor workspace = torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+    status = call(workspace.data_ptr(), &bytes);
+  }
+  return status;
+}
+
+// ---- checks of a declared call (the generated bindings) ------------------------------------------------------------
+// A declared tensor: its device (the first tensor's), dtype, rank and contiguity.
+inline void evo_generic_tensor(const at::Tensor& t, const char* name, int64_t dim, const char* dims,
+                               at::ScalarType dtype, const torch::Device& device, const std::string& sig) {
+  EVO_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device,
+                  " (the device of the first tensor)");
+  EVO_CHECK_TYPE(t.scalar_type() == dtype, name, ": dtype ", evo_dtype_name(t.scalar_type()),
+                 ", but this kernel was compiled for ", evo_dtype_name(dtype), " (", sig, ")");
+  EVO_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions ", dims, ", got ", t.dim(), " (shape ",
+                  t.sizes(), ")");
+  EVO_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
+}
+
+// Dimension `i` of a declared tensor against the size it must have (`what`: its symbol or product; `from`: the
+// argument that gave the symbol its value, if any).
+inline void evo_generic_size(const at::Tensor& t, const char* name, int64_t i, const char* what, int64_t want,
+                             const char* from) {
+  if (t.size(i) == want) return;
+  if (from[0] != '\0')
+    throw EvoArgError{PyExc_ValueError, c10::str(name, ": size ", i, " (", what, ", from ", from, ") is ", t.size(i),
+                                                 ", expected ", want, " (shape ", t.sizes(), ")")};
+  throw EvoArgError{PyExc_ValueError, c10::str(name, ": size ", i, " (", what, ") is ", t.size(i), ", expected ",
+                                               want, " (shape ", t.sizes(), ")")};
+}
+
+// Dimension `i` against a size the kernel was compiled for.
+inline void evo_generic_fixed(const at::Tensor& t, const char* name, int64_t i, const char* symbol, int64_t want,
+                              const std::string& sig) {
+  EVO_CHECK_VALUE(t.size(i) == want, name, ": ", symbol, " = ", t.size(i), " (size ", i,
+                  "), but this kernel was compiled for ", symbol, " = ", want, " (", sig, ")");
+}
+
+// Every value of an integer tensor in [lo, hi): read back once per unchanged tensor (a synchronization on a GPU),
+// never during CUDA graph capture (the values were, or will be, checked on an eager call).
+inline void evo_generic_bounds(EvoCheckedTensor& seen, const at::Tensor& t, const char* name, int64_t lo, int64_t hi,
+                               const char* lo_text, const char* hi_text) {
+  const std::vector<int64_t> limits{lo, hi};
+  if (t.numel() == 0 || seen.same_as(t, limits) || evo_capturing(t)) return;
+  const at::Tensor host = t.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* v = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    EVO_CHECK_VALUE(v[i] >= lo && v[i] < hi, name, ": element ", i, " (flat) is ", v[i], ", outside [", lo_text, ", ",
+                    hi_text, ") = [", lo, ", ", hi, ")");
+  seen.remember(t, limits);
 }

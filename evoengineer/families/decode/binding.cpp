@@ -22,7 +22,6 @@ using DecodeForwardFn = int (*)(const void* q, const void* k, const void* v, con
                                 const float* v_scale, const int32_t* seq_lens, void* out, int64_t B, int64_t Hq,
                                 int64_t Hkv, int64_t Sq, int64_t Sk, float softmax_scale, void* workspace,
                                 int64_t* workspace_bytes, void* stream);
-constexpr int kNeedWorkspace = 6;
 
 struct DecodeSignature : EvoAttentionSignature {
   DecodeForwardFn fn;
@@ -30,48 +29,40 @@ struct DecodeSignature : EvoAttentionSignature {
 
 int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& seq_lens,
-            torch::Tensor& out, double softmax_scale) {
+            const torch::Tensor& out, double softmax_scale) {
   const auto device = q.device();
   evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.text);
   evo_expect_tensor(seq_lens, "seq_lens", 1, device);
   evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
   evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);
-  TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
+  EVO_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
                    "k_scale, v_scale: must be float32, got ", evo_dtype_name(k_scale.scalar_type()), " and ",
                    evo_dtype_name(v_scale.scalar_type()));
-  TORCH_CHECK_TYPE(seq_lens.scalar_type() == at::ScalarType::Int, "seq_lens: must be int32, got ",
+  EVO_CHECK_TYPE(seq_lens.scalar_type() == at::ScalarType::Int, "seq_lens: must be int32, got ",
                    evo_dtype_name(seq_lens.scalar_type()));
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3), Hkv = k.size(1), Sk = k.size(2);
-  TORCH_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
+  EVO_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
                     sig.head_dim, " (", sig.text, ")");
-  TORCH_CHECK_VALUE(Sq >= 1 && Sq <= 16, "q: ", Sq, " query rows (size 2); this family decodes 1 to 16");
-  TORCH_CHECK_VALUE(k.size(0) == B && k.size(3) == D, "k: expected [B, Hkv, Sk, D] = [", B, ", Hkv, Sk, ", D,
+  EVO_CHECK_VALUE(Sq >= 1 && Sq <= 16, "q: ", Sq, " query rows (size 2); this family decodes 1 to 16");
+  EVO_CHECK_VALUE(k.size(0) == B && k.size(3) == D, "k: expected [B, Hkv, Sk, D] = [", B, ", Hkv, Sk, ", D,
                     "] (from q), got ", k.sizes());
-  TORCH_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, "k: ", Hkv, " KV heads (size 1) do not divide the ", Hq,
+  EVO_CHECK_VALUE(Hkv > 0 && Hq % Hkv == 0, "k: ", Hkv, " KV heads (size 1) do not divide the ", Hq,
                     " query heads of q (grouped-query attention needs Hq = G x Hkv)");
-  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
-  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK_VALUE(k_scale.size(0) == Hkv && v_scale.size(0) == Hkv, "k_scale, v_scale: expected [Hkv] = [", Hkv,
+  EVO_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  EVO_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
+  EVO_CHECK_VALUE(k_scale.size(0) == Hkv && v_scale.size(0) == Hkv, "k_scale, v_scale: expected [Hkv] = [", Hkv,
                     "], got ", k_scale.sizes(), " and ", v_scale.sizes());
-  TORCH_CHECK_VALUE(seq_lens.size(0) == B, "seq_lens: expected [B] = [", B, "], got ", seq_lens.sizes());
-  TORCH_CHECK_VALUE(Sk > 0, "k: an empty cache (Sk = 0): softmax over nothing");
+  EVO_CHECK_VALUE(seq_lens.size(0) == B, "seq_lens: expected [B] = [", B, "], got ", seq_lens.sizes());
+  EVO_CHECK_VALUE(Sk > 0, "k: an empty cache (Sk = 0): softmax over nothing");
   if (B * Hq == 0) return 0;
   // the lengths are device data: a kernel clamps them to [1, Sk] and the task's inputs keep them there; checking
   // them here would cost a device-to-host copy per call
   return evo_call_on_stream(device, [&](void* stream) {
-    const auto call = [&](void* workspace, int64_t* bytes) {
+    return evo_with_workspace(q, [&](void* workspace, int64_t* bytes) {
       return sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
                     seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk,
                     static_cast<float>(softmax_scale), workspace, bytes, stream);
-    };
-    int64_t bytes = 0;
-    int rc = call(nullptr, &bytes);
-    if (rc == kNeedWorkspace && bytes > 0) {
-      // freed back to the caching allocator when this returns: reuse is ordered after the kernel on this stream
-      const torch::Tensor workspace = torch::empty({bytes}, q.options().dtype(torch::kUInt8));
-      rc = call(workspace.data_ptr(), &bytes);
-    }
-    return rc;
+    });
   });
 }
 
@@ -79,19 +70,18 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
 
 extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
                                                                                     const char* signature) {
-  auto sig = std::make_shared<DecodeSignature>();
-  sig->fn = reinterpret_cast<DecodeForwardFn>(entry);
-  sig->text = signature;
-  return evo_make_candidate_module(name, "EvoEngineer decode-attention candidate", signature, [sig](pybind11::module_& m) {
+  return evo_make_candidate_module(name, "EvoEngineer decode-attention candidate", signature, [&](PyObject* m) {
+    auto sig = std::make_shared<DecodeSignature>();
+    sig->fn = reinterpret_cast<DecodeForwardFn>(entry);
+    sig->text = signature;
     evo_read_attention_signature(*sig);
-    m.def("forward",
-          [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
-                const torch::Tensor& v_scale, const torch::Tensor& seq_lens, torch::Tensor out, double softmax_scale) {
-            return forward(*sig, q, k, v, k_scale, v_scale, seq_lens, out, softmax_scale);
-          },
-          "Run the candidate kernel (q, k, v, k_scale, v_scale, seq_lens, out, softmax_scale); returns its status "
-          "code (0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
-          pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_scale"),
-          pybind11::arg("v_scale"), pybind11::arg("seq_lens"), pybind11::arg("out"), pybind11::arg("softmax_scale"));
+    evo_add_function<DecodeSignature>(m, sig, {"forward",
+        {"q", "k", "v", "k_scale", "v_scale", "seq_lens", "out", "softmax_scale"},
+        "Run the candidate kernel (q, k, v, k_scale, v_scale, seq_lens, out, softmax_scale); returns its status "
+        "code (0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
+        [](DecodeSignature& s, const EvoArgs& a) {
+          return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
+                                        a.tensor(5), a.tensor(6), a.real(7)));
+        }});
   });
 }

@@ -24,25 +24,25 @@ struct SdpaSignature : EvoAttentionSignature {
 };
 
 int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-            const torch::Tensor& k_scale, const torch::Tensor& v_scale, torch::Tensor& out, bool causal,
+            const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& out, bool causal,
             double softmax_scale) {
   const auto device = q.device();
   evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.text);
   evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
   evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);
-  TORCH_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
+  EVO_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
                    "k_scale, v_scale: must be float32, got ", evo_dtype_name(k_scale.scalar_type()), " and ",
                    evo_dtype_name(v_scale.scalar_type()));
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
-  TORCH_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
+  EVO_CHECK_VALUE(D == sig.head_dim, "q: head dim ", D, " (size 3), but this kernel was compiled for head dim ",
                     sig.head_dim, " (", sig.text, ")");
-  TORCH_CHECK_VALUE(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k: expected [B, H, Sk, D] = [", B, ", ",
+  EVO_CHECK_VALUE(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k: expected [B, H, Sk, D] = [", B, ", ",
                     H, ", Sk, ", D, "] (from q), got ", k.sizes());
-  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
-  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK_VALUE(k_scale.size(0) == H && v_scale.size(0) == H, "k_scale, v_scale: expected [H] = [", H,
+  EVO_CHECK_VALUE(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  EVO_CHECK_VALUE(out.sizes() == q.sizes(), "out: expected the shape of q ", q.sizes(), ", got ", out.sizes());
+  EVO_CHECK_VALUE(k_scale.size(0) == H && v_scale.size(0) == H, "k_scale, v_scale: expected [H] = [", H,
                     "], got ", k_scale.sizes(), " and ", v_scale.sizes());
-  TORCH_CHECK_VALUE(Sk > 0 || Sq == 0 || B * H == 0, "k: no keys (Sk = 0) for ", Sq,
+  EVO_CHECK_VALUE(Sk > 0 || Sq == 0 || B * H == 0, "k: no keys (Sk = 0) for ", Sq,
                     " queries: softmax over nothing");
   if (B * H * Sq == 0) return 0;
   return evo_call_on_stream(device, [&](void* stream) {
@@ -55,19 +55,18 @@ int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tenso
 
 extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
                                                                                     const char* signature) {
-  auto sig = std::make_shared<SdpaSignature>();
-  sig->fn = reinterpret_cast<SdpaForwardFn>(entry);
-  sig->text = signature;
-  return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", signature, [sig](pybind11::module_& m) {
+  return evo_make_candidate_module(name, "EvoEngineer SDPA candidate", signature, [&](PyObject* m) {
+    auto sig = std::make_shared<SdpaSignature>();
+    sig->fn = reinterpret_cast<SdpaForwardFn>(entry);
+    sig->text = signature;
     evo_read_attention_signature(*sig);
-    m.def("forward",
-          [sig](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
-                const torch::Tensor& v_scale, torch::Tensor out, bool causal, double softmax_scale) {
-            return forward(*sig, q, k, v, k_scale, v_scale, out, causal, softmax_scale);
-          },
-          "Run the candidate kernel (q, k, v, k_scale, v_scale, out, causal, softmax_scale); returns its status code "
-          "(0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
-          pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_scale"),
-          pybind11::arg("v_scale"), pybind11::arg("out"), pybind11::arg("causal"), pybind11::arg("softmax_scale"));
+    evo_add_function<SdpaSignature>(m, sig, {"forward",
+        {"q", "k", "v", "k_scale", "v_scale", "out", "causal", "softmax_scale"},
+        "Run the candidate kernel (q, k, v, k_scale, v_scale, out, causal, softmax_scale); returns its status code "
+        "(0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
+        [](SdpaSignature& s, const EvoArgs& a) {
+          return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
+                                        a.tensor(5), a.boolean(6), a.real(7)));
+        }});
   });
 }

@@ -1,0 +1,149 @@
+"""The binding of a declared call (evoengineer.family.Signature), generated as C++ and built once per signature and
+toolchain like a family's own binding.
+
+The generated module's ``forward(*args)`` takes the declared arguments in order (keywords by name), checks each
+before the launch (a tensor: device kind and that every tensor shares the first one's device, dtype, rank,
+contiguity, each dimension against its symbol, fixed size or product; an integer tensor with bounds: its values, read
+once per unchanged tensor and not during CUDA graph capture; a scalar: its Python type), raising ValueError/TypeError
+naming the argument and both values; then calls the entry point on the current stream without the GIL (with the
+workspace protocol when declared), raises RuntimeError on a non-zero status and returns 0. No C++ exception leaves
+it (candidate_module.h).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_AT_DTYPES = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16",
+              "float8_e4m3": "at::ScalarType::Float8_e4m3fn", "float64": "at::kDouble", "int64": "at::kLong",
+              "int32": "at::kInt", "int16": "at::kShort", "int8": "at::kChar", "uint8": "at::kByte", "bool": "at::kBool"}
+_SCALAR = {"float32": ("float", "real"), "float64": ("double", "real"), "int64": ("int64_t", "integer"),
+           "int32": ("int32_t", "integer"), "bool": ("int", "boolean")}
+
+
+def _cstr(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _factors(d: Any) -> list[Any]:
+    if isinstance(d, int):
+        return [d]
+    return [int(f) if f.strip().isdigit() else f.strip() for f in str(d).split("*")]
+
+
+def generate_binding(signature: Any, entry: str, doc: str) -> str:
+    """C++ source of the binding for `signature` (a Signature) calling `entry`."""
+    if not _IDENT.fullmatch(entry):
+        raise ValueError(f"entry {entry!r}: not a C identifier")
+    call = signature.to_json()
+    args, fixed, order = call["args"], call["fixed"], call["sizes"]
+    tensors = [a for a in args if a["kind"] == "tensor"]
+    first = next(a for a in tensors if not a["output"])
+    params = [("void*" if a["output"] else "const void*") for a in tensors]
+    params += ["int64_t"] * len(order)
+    params += [_SCALAR[a["dtype"]][0] for a in args if a["kind"] == "scalar"]
+    if call["workspace"]:
+        params += ["void*", "int64_t*"]
+    params.append("void*")
+
+    body: list[str] = []
+    emit = body.append
+    index = {a["name"]: i for i, a in enumerate(args)}
+    for a in tensors:
+        emit(f"  const at::Tensor& t_{a['name']} = a.tensor({index[a['name']]});")
+    emit(f"  evo_expect_build_device(t_{first['name']}, {_cstr(first['name'])});")
+    emit(f"  const auto device = t_{first['name']}.device();")
+    bound: dict[str, str] = {}
+    for k, v in fixed.items():
+        emit(f"  const int64_t s_{k} = {int(v)};  // fixed by the signature")
+    checks_after: list[str] = []
+    for a in tensors:
+        n, dims = a["name"], a["dims"]
+        shown = "[" + ", ".join(str(d) for d in dims) + "]"
+        emit(f"  evo_generic_tensor(t_{n}, {_cstr(n)}, {len(dims)}, {_cstr(shown)}, {_AT_DTYPES[a['dtype']]}, "
+             f"device, st.signature);")
+        for i, d in enumerate(dims):
+            if isinstance(d, str) and _IDENT.fullmatch(d) and d not in fixed and d not in bound and not a["output"]:
+                bound[d] = n
+                emit(f"  const int64_t s_{d} = t_{n}.size({i});")
+                continue
+            factors = _factors(d)
+            expr = " * ".join(str(f) if isinstance(f, int) else f"s_{f}" for f in factors)
+            if isinstance(d, str) and _IDENT.fullmatch(d) and d in fixed:
+                line = (f"  evo_generic_fixed(t_{n}, {_cstr(n)}, {i}, {_cstr(d)}, s_{d}, st.signature);")
+            else:
+                src = bound.get(d, "") if isinstance(d, str) else ""
+                line = (f"  evo_generic_size(t_{n}, {_cstr(n)}, {i}, {_cstr(str(d))}, {expr}, "
+                        f"{_cstr(src)});")
+            if all(isinstance(f, int) or f in bound or f in fixed for f in factors):
+                emit(line)
+            else:
+                checks_after.append(line)
+    body.extend(checks_after)
+    scalars = [a for a in args if a["kind"] == "scalar"]
+    for a in scalars:
+        ctype, getter = _SCALAR[a["dtype"]]
+        emit(f"  const {ctype} v_{a['name']} = static_cast<{ctype}>(a.{getter}({index[a['name']]}));")
+    bounded = [a for a in tensors if a.get("bounds")]
+    for k, a in enumerate(bounded):
+        lo, hi = (" * ".join(str(f) if isinstance(f, int) else f"s_{f}" for f in _factors(b)) for b in a["bounds"])
+        emit(f"  evo_generic_bounds(st.checked[{k}], t_{a['name']}, {_cstr(a['name'])}, {lo}, {hi}, "
+             f"{_cstr(str(a['bounds'][0]))}, {_cstr(str(a['bounds'][1]))});")
+    out = next(a for a in tensors if a["output"])
+    emit(f"  if (t_{out['name']}.numel() == 0) return evo_return_int(0);")
+    call_args = [f"t_{a['name']}.data_ptr()" for a in tensors] + [f"s_{s}" for s in order]
+    call_args += [f"v_{a['name']}" for a in scalars]
+    if call["workspace"]:
+        emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")
+        emit(f"    return evo_with_workspace(t_{first['name']}, [&](void* workspace, int64_t* bytes) {{")
+        emit(f"      return st.fn({', '.join(call_args + ['workspace', 'bytes', 'stream'])});")
+        emit("    });")
+        emit("  });")
+    else:
+        emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")
+        emit(f"    return st.fn({', '.join(call_args + ['stream'])});")
+        emit("  });")
+    emit("  if (status != 0) throw EvoArgError{PyExc_RuntimeError, c10::str(\"kernel returned status \", status)};")
+    emit("  return evo_return_int(0);")
+
+    names = ", ".join(_cstr(a["name"]) for a in args)
+    fn_doc = (f"Run the candidate kernel ({', '.join(a['name'] for a in args)}); returns 0, raises RuntimeError on "
+              "a non-zero status. Inputs it was not compiled for raise ValueError / TypeError.")
+    return f"""// Generated by EvoEngineer from a declared call signature: do not edit (it is rebuilt when the signature
+// changes). {doc}
+#include <torch/extension.h>
+
+#include "candidate_module.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {{
+
+using EntryFn = int (*)({', '.join(params)});
+
+struct State {{
+  EntryFn fn;
+  std::string signature;
+  EvoCheckedTensor checked[{max(1, len(bounded))}];
+}};
+
+PyObject* forward(State& st, const EvoArgs& a) {{
+{chr(10).join(body)}
+}}
+
+}}  // namespace
+
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
+                                                                                    const char* signature) {{
+  return evo_make_candidate_module(name, {_cstr(doc)}, signature, [&](PyObject* m) {{
+    auto st = std::make_shared<State>();
+    st->fn = reinterpret_cast<EntryFn>(entry);
+    st->signature = signature;
+    evo_add_function<State>(m, st, {{"forward", {{{names}}}, {_cstr(fn_doc)}, &forward}});
+  }});
+}}
+"""

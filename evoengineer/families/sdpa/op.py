@@ -1,0 +1,168 @@
+"""The SDPA family's op adapter (torch only: `export` copies it into the package):
+``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+enable_gqa=False, *, k_scale=None, v_scale=None)`` as torch's (k_scale/v_scale: FP8 K/V), differentiated through the
+reference."""
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+try:  # in an exported package, beside the runtime
+    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+except ImportError:
+    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+try:
+    from .attention_reference import sdpa_reference_backward
+except ImportError:
+    from evoengineer.families.sdpa.attention_reference import sdpa_reference_backward
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+class SdpaOp(OpAdapter):
+    """Attention forward on the kernel (signature HEAD_DIM, Q_DTYPE, KV_DTYPE)."""
+
+    function_name = "scaled_dot_product_attention"
+
+    def _ones(self, query: torch.Tensor) -> torch.Tensor:
+        """Unit K/V scales for `query`'s heads on its device (kept: one allocation per head count and device)."""
+        key = (query.shape[1], query.device)
+        cache = self.__dict__.setdefault("_ones_cache", {})
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = torch.ones(query.shape[1], dtype=torch.float32, device=query.device)
+        return t
+
+    # ---- sdpa -------------------------------------------------------------------------------------------------------
+    def register(self, name: str) -> tuple[Any, Any]:
+        module = self.kop.module
+
+        @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=())
+        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+               is_causal: bool, scale: float) -> torch.Tensor:
+            out = torch.empty_like(q)
+            rc = module.forward(q, k, v, k_scale, v_scale, out, is_causal, scale)
+            if rc != 0:
+                raise RuntimeError(f"SDPA kernel returned status {rc}")
+            return out
+
+        @op.register_fake
+        def _(q, k, v, k_scale, v_scale, is_causal, scale):
+            return torch.empty_like(q)
+
+        @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=())
+        def backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        k_scale: torch.Tensor, v_scale: torch.Tensor, is_causal: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            gq, gk, gv = sdpa_reference_backward(grad, q, k, v, k_scale, v_scale, is_causal, scale)
+            return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
+
+        @backward_op.register_fake
+        def _(grad, q, k, v, k_scale, v_scale, is_causal, scale):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def setup_context(ctx, inputs, output):
+            q, k, v, k_scale, v_scale, is_causal, scale = inputs
+            ctx.save_for_backward(q, k, v, k_scale, v_scale)
+            ctx.is_causal, ctx.scale = is_causal, scale
+
+        def backward(ctx, grad):
+            q, k, v, k_scale, v_scale = ctx.saved_tensors
+            gq, gk, gv = backward_op(grad.contiguous(), q, k, v, k_scale, v_scale, ctx.is_causal, ctx.scale)
+            return gq, gk, gv, None, None, None, None
+
+        op.register_autograd(backward, setup_context=setup_context)
+        return op, backward_op
+
+    def sdpa_misfit(self, query, key, value, attn_mask, dropout_p, enable_gqa, k_scale,
+                    v_scale) -> tuple[str, type[Exception]] | None:
+        sig = self.kop.signature
+        head_dim = int(sig["HEAD_DIM"])
+        q_dt = _DTYPES[sig.get("Q_DTYPE", "float16")]
+        kv_dt = _DTYPES[sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))]
+        named = {"query": query, "key": key, "value": value}
+        for n, t in named.items():
+            if not isinstance(t, torch.Tensor):
+                return f"{n}: expected a tensor, got {type(t).__name__}", TypeError
+            bad = self.kop.check_device(n, t, query.device)
+            if bad:
+                return bad, ValueError
+            if t.dim() != 4:
+                return f"{n}: expected 4 dimensions [B, H, S, D], got {t.dim()} (shape {tuple(t.shape)})", ValueError
+        if attn_mask is not None:
+            return "attn_mask: this kernel takes no mask (is_causal only)", ValueError
+        if dropout_p:
+            return f"dropout_p: {dropout_p}, this kernel has no dropout", ValueError
+        if query.dtype != q_dt:
+            return (f"query: dtype {_dtype_name(query.dtype)}, but this kernel was compiled for "
+                    f"{_dtype_name(q_dt)}"), TypeError
+        for n in ("key", "value"):
+            if named[n].dtype != kv_dt:
+                return (f"{n}: dtype {_dtype_name(named[n].dtype)}, but this kernel was compiled for "
+                        f"{_dtype_name(kv_dt)}"), TypeError
+        if query.shape[3] != head_dim:
+            return (f"query: head dim {query.shape[3]} (size 3), but this kernel was compiled for head dim "
+                    f"{head_dim}"), ValueError
+        B, H, _, D = query.shape
+        if tuple(key.shape[:2]) != (B, H) or key.shape[3] != D:
+            what = " (grouped-query attention is not in this kernel)" if enable_gqa or key.shape[1] != H else ""
+            return f"key: shape {tuple(key.shape)}, expected [{B}, {H}, Sk, {D}] (from query){what}", ValueError
+        if value.shape != key.shape:
+            return f"value: shape {tuple(value.shape)}, expected the shape of key {tuple(key.shape)}", ValueError
+        for n, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is not None and (not isinstance(s, torch.Tensor) or tuple(s.shape) != (H,)
+                                  or s.dtype != torch.float32):
+                return f"{n}: expected a float32 tensor [H] = [{H}]", ValueError
+        if kv_dt != torch.float8_e4m3fn and (k_scale is not None or v_scale is not None):
+            return "k_scale/v_scale: only for a kernel compiled for float8 K/V", ValueError
+        return None
+
+    def scaled_dot_product_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                     is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                                     *, k_scale: torch.Tensor | None = None,
+                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """torch.nn.functional.scaled_dot_product_attention on this kernel (no mask, no dropout; causal is
+        top-left aligned). FP8 K/V kernels take per-head float32 `k_scale`/`v_scale` (real = stored x scale)."""
+        if (attn_mask is None and not dropout_p and k_scale is None and v_scale is None
+                and self.kop.eager(query, key, value)):
+            try:
+                scale_ = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+                out = torch.empty_like(query)
+                ones = self._ones(query)
+                rc = self.kop.module.forward(query, key, value, ones, ones, out, bool(is_causal), scale_)
+            except (ValueError, TypeError, IndexError, AttributeError, RuntimeError):
+                pass  # the checks below say why
+            else:
+                if rc != 0:
+                    raise RuntimeError(f"SDPA kernel returned status {rc}")
+                return out
+        misfit = self.sdpa_misfit(query, key, value, attn_mask, dropout_p, enable_gqa, k_scale, v_scale)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        if misfit is not None:
+            self.kop.outside(*misfit)
+            k = key if k_scale is None else (key.float() * k_scale.view(1, -1, 1, 1)).to(query.dtype)
+            v = value if v_scale is None else (value.float() * v_scale.view(1, -1, 1, 1)).to(query.dtype)
+            gqa = {"enable_gqa": True} if enable_gqa else {}
+            return F.scaled_dot_product_attention(query, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, scale=scale, **gqa)
+        H = query.shape[1]
+        ones = torch.ones(H, dtype=torch.float32, device=query.device)
+        ks = ones if k_scale is None else k_scale.contiguous()
+        vs = ones if v_scale is None else v_scale.contiguous()
+        return self.kop.op(query.contiguous(), key.contiguous(), value.contiguous(), ks, vs, bool(is_causal), scale)
+
+    function = scaled_dot_product_attention
+
+    def call_features(self, args, kwargs):
+        q, k = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
+        causal = bool(_arg(args, kwargs, 5, "is_causal"))
+        return {"B": int(q.shape[0]), "H": int(q.shape[1]), "Sq": int(q.shape[2]), "Sk": int(k.shape[2])}, (causal,)
+
+    def spec_features(self, spec):
+        return {k: spec[k] for k in ("B", "H", "Sq", "Sk")}, (bool(spec.get("causal", False)),)
+

@@ -1,0 +1,314 @@
+"""Scaled dot-product attention (SDPA) forward, as ``torch.nn.functional.scaled_dot_product_attention``.
+
+Tensor layouts (all contiguous, one device):
+
+* ``q``, output   ``[B, H, Sq, D]``  in Q_DTYPE (float16 or bfloat16).
+* ``k``, ``v``    ``[B, H, Sk, D]``  in KV_DTYPE (Q_DTYPE, or float8_e4m3 with a float16 Q).
+* ``k_scale``, ``v_scale``  float32 ``[H]``: per-head dequantization scales (real value = stored value * scale);
+  ones unless KV is FP8.
+
+For every ``(b, h)``: ``out = softmax(q k^T * softmax_scale) v`` with ``softmax_scale = D ** -0.5``; with
+``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned, as ``is_causal=True``).
+
+FP8 KV inputs keep the unquantized float16 K/V as ``k_orig`` / ``v_orig``: the kernel is checked against the
+float64 reference on the dequantized K/V (the dtype tolerance), and on shapes with ``fp16_max_abs_err`` also
+against fp16 SDPA on the original K/V (the quantization error plus the kernel's). At the mission shape (2, 8, 512,
+64, non-causal) the exact answer on the dequantized K/V alone is off fp16 SDPA by a max abs error of p50 0.037, p90
+0.051, p99 0.070 over 200 seeds (above 0.06 on 4.5% of them; RMSE a steady 0.0028): a 0.06 bound over 5 fresh seeds
+turns away about one right kernel in five. Short or causal rows (one V row carries the output) go above 0.1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from evoengineer.errors import UserError
+from evoengineer.family import Family, check_shape_keys
+
+__all__ = ["INPUT_KEYS", "SDPAShape", "FP8_MAX", "make_inputs", "quantize_fp8", "reference", "sdpa_fp16_original",
+           "causal_pairs", "flops", "min_bytes"]
+
+#: Keys of the dict returned by make_inputs that the kernel reads, in the order of the entry point arguments.
+INPUT_KEYS = ("q", "k", "v", "k_scale", "v_scale")
+#: Largest finite float8_e4m3fn value: a head's absolute maximum is mapped onto it.
+FP8_MAX = 448.0
+HEAD_DIMS = (64, 128)
+Q_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+KV_DTYPES = {**Q_DTYPES, "float8_e4m3": torch.float8_e4m3fn}
+
+#: Score elements computed at once by the reference (256 MB in float64): (b, h) pairs are taken in chunks.
+SCORE_CHUNK = 1 << 25
+
+_REQUIRED = ("name", "B", "H")
+_OPTIONAL = ("S", "Sq", "Sk", "causal", "fp16_max_abs_err")
+
+
+@dataclass(frozen=True)
+class SDPAShape:
+    """Problem size of one attention call. ``fp16_max_abs_err`` (FP8 KV only): also compare with fp16 SDPA on the
+    unquantized K/V and fail above this max abs error."""
+
+    name: str
+    B: int
+    H: int
+    Sq: int
+    Sk: int
+    causal: bool = False
+    fp16_max_abs_err: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SDPAShape":
+        """Build a shape from a TOML table: ``name, B, H`` and ``S`` (both lengths) or ``Sq`` (and optionally
+        ``Sk``, default ``Sq``); optional ``causal`` and ``fp16_max_abs_err``. ValueError on anything else."""
+        check_shape_keys(d, _REQUIRED, _OPTIONAL, "SDPA", also=" plus S or Sq")
+        name = d["name"]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"SDPA shape 'name' must be a non-empty string, got {name!r}")
+        if "S" in d and ("Sq" in d or "Sk" in d):
+            raise ValueError(f"SDPA shape {name!r}: give S (both lengths) or Sq/Sk, not both")
+        if "S" not in d and "Sq" not in d:
+            raise ValueError(f"SDPA shape {name!r}: needs S (query and key length) or Sq (and optionally Sk)")
+        ints = {k: _positive_int(d[k], f"{name!r}: '{k}'") for k in ("B", "H")}
+        sq = _positive_int(d["S"] if "S" in d else d["Sq"], f"{name!r}: '{'S' if 'S' in d else 'Sq'}'")
+        sk = _positive_int(d["Sk"], f"{name!r}: 'Sk'") if "Sk" in d else sq
+        causal = d.get("causal", False)
+        if not isinstance(causal, bool):
+            raise ValueError(f"SDPA shape {name!r}: 'causal' must be true or false, got {causal!r}")
+        tol = d.get("fp16_max_abs_err")
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
+            raise ValueError(f"SDPA shape {name!r}: 'fp16_max_abs_err' must be a positive number, got {tol!r}")
+        return cls(name=name, Sq=sq, Sk=sk, causal=causal, fp16_max_abs_err=None if tol is None else float(tol), **ints)
+
+
+def _positive_int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
+        raise ValueError(f"SDPA shape {what} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[B, H, S, D]`` as float8_e4m3fn with per-head float32 scales ``[H]`` (amax over B, S, D / 448)."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=(0, 2, 3)) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    q = (xf / scale.view(1, -1, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def make_inputs(shape: SDPAShape, seed: int, *, head_dim: int, q_dtype: torch.dtype = torch.float16,
+                kv_dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Standard-normal q, k, v for ``shape``, fully determined by ``seed`` (drawn on the CPU from a private
+    ``torch.Generator``, then moved to ``device``). FP8 KV: k/v are drawn in float16, kept as ``k_orig``/``v_orig``
+    and quantized per head; otherwise the scales are ones. ``causal`` is a CPU bool scalar."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(seed))
+    B, H, Sq, Sk, D = shape.B, shape.H, shape.Sq, shape.Sk, head_dim
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    q = torch.randn(B, H, Sq, D, generator=g).to(q_dtype)
+    k = torch.randn(B, H, Sk, D, generator=g).to(torch.float16 if fp8 else kv_dtype)
+    v = torch.randn(B, H, Sk, D, generator=g).to(torch.float16 if fp8 else kv_dtype)
+    out = {"q": q}
+    if fp8:
+        out["k"], out["k_scale"] = quantize_fp8(k)
+        out["v"], out["v_scale"] = quantize_fp8(v)
+        out["k_orig"], out["v_orig"] = k, v
+    else:
+        ones = torch.ones(H, dtype=torch.float32)
+        out.update(k=k, v=v, k_scale=ones, v_scale=ones.clone())
+    out = {name: t.contiguous().to(device) for name, t in out.items()}
+    out["causal"] = torch.tensor(shape.causal)
+    return out
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Explicit softmax(q k^T / sqrt(D)) v in ``dtype``, in chunks of (b, h) pairs to bound the score memory."""
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = 1.0 / math.sqrt(D)
+    qf, kf, vf = (t.reshape(B * H, -1, D) for t in (q, k, v))
+    mask = None
+    if causal:  # top-left aligned: query i sees keys j <= i
+        mask = torch.arange(Sk, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None]
+    out = torch.empty(B * H, Sq, D, dtype=dtype, device=q.device)
+    step = max(1, SCORE_CHUNK // max(1, Sq * Sk))
+    for i in range(0, B * H, step):
+        s = torch.matmul(qf[i:i + step].to(dtype), kf[i:i + step].to(dtype).transpose(1, 2)) * scale
+        if mask is not None:
+            s = s.masked_fill(mask, -math.inf)
+        out[i:i + step] = torch.matmul(torch.softmax(s, dim=-1), vf[i:i + step].to(dtype))
+    return out.view(B, H, Sq, D)
+
+
+def dequantized(inputs: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``inputs[name]`` (k or v) as real values in ``dtype``: stored value times its head's scale."""
+    t, scale = inputs[name], inputs[f"{name}_scale"]
+    return t.to(dtype) * scale.to(dtype).view(1, -1, 1, 1)
+
+
+def reference(inputs: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Attention in ``dtype`` (float32 or float64) on the dequantized K/V, on the inputs' device."""
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"reference computes in float32 or float64, not {dtype}")
+    return _attention(inputs["q"], dequantized(inputs, "k", dtype), dequantized(inputs, "v", dtype),
+                      bool(inputs["causal"]), dtype)
+
+
+def sdpa_fp16_original(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """torch SDPA on the unquantized K/V (``k_orig``/``v_orig`` when KV is FP8), in the inputs' dtypes."""
+    k, v = inputs.get("k_orig", inputs["k"]), inputs.get("v_orig", inputs["v"])
+    return F.scaled_dot_product_attention(inputs["q"], k, v, is_causal=bool(inputs["causal"]))
+
+
+def fp8_against_fp16(got: torch.Tensor, ref: torch.Tensor, fp16: torch.Tensor, bound: float, atol: float,
+                     metrics: dict[str, float]) -> tuple[bool, str, dict[str, float]]:
+    """An FP8-KV output (`got`, float64) against fp16 attention on the unquantized K/V: within `bound` max abs error,
+    unless the e4m3 rounding of these inputs alone (exact attention on the dequantized K/V, `ref`) already breaks
+    it; then the kernel may add no more than the dtype tolerance to that (max abs p99 of exact e4m3 attention is
+    ~0.07 at the mission shape). Adds the errors to `metrics`."""
+    err = got - fp16
+    max_abs = float(err.abs().max())
+    floor = float((ref.to(got.device) - fp16).abs().max())
+    metrics.update(fp8_vs_fp16_max_abs_err=max_abs, fp8_vs_fp16_rmse=float(err.pow(2).mean().sqrt()),
+                   fp8_quantization_max_abs_err=floor)
+    if not (max_abs <= bound or max_abs <= floor + atol):
+        return False, (f"FP8 KV: max abs err {max_abs:.3e} against fp16 attention on the unquantized K/V > {bound:g} "
+                       f"(quantization alone: {floor:.3e})"), metrics
+    return True, "", metrics
+
+
+def causal_pairs(Sq: int, Sk: int) -> int:
+    """(query, key) pairs a top-left aligned causal mask leaves: sum over i < Sq of min(i + 1, Sk)."""
+    n = min(Sq, Sk)
+    return n * (n + 1) // 2 + (Sq - n) * Sk
+
+
+def flops(shape: SDPAShape, head_dim: int) -> int:
+    """Nominal flops: 4 * D per visible (query, key) pair (2 D for q.k, 2 D for p.v); softmax not counted."""
+    pairs = causal_pairs(shape.Sq, shape.Sk) if shape.causal else shape.Sq * shape.Sk
+    return 4 * shape.B * shape.H * pairs * head_dim
+
+
+def min_bytes(shape: SDPAShape, head_dim: int, q_itemsize: int, kv_itemsize: int) -> int:
+    """Compulsory DRAM traffic: q, k, v read once and the output written once (the scales are ignored)."""
+    rows_q, rows_kv = shape.B * shape.H * shape.Sq, shape.B * shape.H * shape.Sk
+    return head_dim * (2 * rows_q * q_itemsize + 2 * rows_kv * kv_itemsize)
+
+
+# ---- the task, as the evaluator sees it ----------------------------------------------------------------------------
+class AttentionTask(Family):
+    """What the attention tasks (sdpa, decode) share: signature constants HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE
+    (Q_DTYPE or float8_e4m3; `fp8_needs_fp16_q`), the binding's signature text, a NaN-filled output like q."""
+
+    fp8_needs_fp16_q = False
+    #: per family: the shape class, make_inputs(shape, seed, head_dim=, q_dtype=, kv_dtype=, device=) and the
+    #: reference(inputs, dtype=) of its module
+    shape_cls: Any = None
+    inputs_fn: Any = None
+    reference_fn: Any = None
+
+    def setup(self):
+        sig = self.constants
+        where = self.where()
+        if type(sig.get("HEAD_DIM")) is not int or sig["HEAD_DIM"] not in HEAD_DIMS:
+            raise UserError(f"{where}.HEAD_DIM: the {self.name} task needs HEAD_DIM in {list(HEAD_DIMS)}")
+        q_name, kv_name = sig.get("Q_DTYPE", "float16"), sig.get("KV_DTYPE", sig.get("Q_DTYPE", "float16"))
+        if q_name not in Q_DTYPES:
+            raise UserError(f"{where}.Q_DTYPE: one of {', '.join(Q_DTYPES)}")
+        fp8_ok = q_name == "float16" or not self.fp8_needs_fp16_q
+        if kv_name not in (q_name, "float8_e4m3") or (kv_name == "float8_e4m3" and not fp8_ok):
+            with_q = " (with Q_DTYPE 'float16')" if self.fp8_needs_fp16_q else ""
+            raise UserError(f"{where}.KV_DTYPE: {q_name!r} (= Q_DTYPE) or 'float8_e4m3'{with_q}")
+        self.head_dim, self.q_dtype, self.kv_dtype = sig["HEAD_DIM"], Q_DTYPES[q_name], KV_DTYPES[kv_name]
+        self.fp8 = self.kv_dtype == torch.float8_e4m3fn
+        self.softmax_scale = 1.0 / math.sqrt(self.head_dim)
+
+    @staticmethod
+    def signature_text(sig) -> str:
+        """What an attention binding checks, from a signature table (the space's, or one recorded in elite.json)."""
+        q = sig.get("Q_DTYPE", "float16")
+        return f"HEAD_DIM={sig['HEAD_DIM']};Q_DTYPE={q};KV_DTYPE={sig.get('KV_DTYPE', q)}"
+
+    def binding_signature(self):
+        return self.signature_text(self.constants)
+
+    def new_output(self, inputs):
+        return torch.full_like(inputs["q"], float("nan"))
+
+    def output_dtype(self):
+        return self.q_dtype
+
+    def itemsizes(self) -> tuple[int, int]:
+        """Bytes per element of q and of k/v."""
+        return (torch.empty((), dtype=self.q_dtype).element_size(),
+                torch.empty((), dtype=self.kv_dtype).element_size())
+
+    def parse_shape(self, d):
+        shape = self.shape_cls.from_dict(d)
+        if shape.fp16_max_abs_err is not None and not self.fp8:
+            raise ValueError(f"shape {shape.name!r}: fp16_max_abs_err is for FP8 KV only (KV_DTYPE is "
+                             f"{self.space.signature.get('KV_DTYPE')!r})")
+        return shape
+
+    def make_inputs(self, shape, seed):
+        return self.inputs_fn(shape, seed, head_dim=self.head_dim, q_dtype=self.q_dtype, kv_dtype=self.kv_dtype,
+                              device=self.device)
+
+    def reference(self, inputs):
+        return self.reference_fn(inputs, dtype=torch.float64)
+
+    def fp16_attention(self, inputs) -> torch.Tensor:
+        """FP8 KV: the attention the kernel replaces, fp16 on the unquantized K/V."""
+        raise NotImplementedError
+
+    def extra_check(self, shape, inputs, out, ref):
+        """RMSE against the reference; FP8 KV on shapes with ``fp16_max_abs_err``: max abs error and RMSE against
+        fp16 attention on the unquantized K/V (`fp16_attention`), failing above the bound (`fp8_against_fp16`)."""
+        got = out.to(torch.float64)
+        metrics = {"rmse": float((got - ref.to(got.device)).pow(2).mean().sqrt())}
+        if not self.fp8 or shape.fp16_max_abs_err is None:
+            return True, "", metrics
+        fp16 = self.fp16_attention(inputs).to(device=got.device, dtype=torch.float64)
+        return fp8_against_fp16(got, ref, fp16, shape.fp16_max_abs_err, self.tolerance()[0], metrics)
+
+
+class SDPATask(AttentionTask):
+    """SDPA forward. Signature constants: HEAD_DIM (64, 128), Q_DTYPE, KV_DTYPE; B, H, Sq, Sk, causal are runtime."""
+
+    name = "sdpa"
+    entry = "evo_sdpa_forward"
+    function = "scaled_dot_product_attention"
+    binding_file = "binding.cpp"
+    op_module, op_class, op_files = "op.py", "SdpaOp", ("attention_reference.py",)
+    fp8_needs_fp16_q = True
+    shape_cls = SDPAShape
+    inputs_fn = staticmethod(make_inputs)
+    reference_fn = staticmethod(reference)
+
+    def launch(self, module, inputs, out):
+        rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"], out,
+                            bool(inputs["causal"]), self.softmax_scale)
+        if rc != 0:
+            raise RuntimeError(f"kernel returned status {rc}")
+
+    def fp16_attention(self, inputs):
+        return sdpa_fp16_original(inputs)
+
+    def op_adapter(self):
+        from evoengineer.families.sdpa.op import SdpaOp
+
+        return SdpaOp()
+
+    def baselines(self):
+        # FP8 KV: what the kernel replaces is fp16 attention on the original K/V
+        return {"sdpa": sdpa_fp16_original}
+
+    def flops(self, shape):
+        return flops(shape, self.head_dim)
+
+    def min_bytes(self, shape):
+        return min_bytes(shape, self.head_dim, *self.itemsizes())
