@@ -147,9 +147,13 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
     """What an elite's source was compiled with, in a form a loader can check and rebuild from: the task and its
     signature (the shapes and dtypes the kernel accepts), backend, arch, build flags, gates, the template and its
     hash, and the toolchain."""
-    family = space_family(space)
-    return {"task": family.name, "family": {"name": family.name, "version": str(family.version)},
-            "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,
+    try:
+        family = space_family(space)
+        named: dict[str, Any] = {"task": family.name, "family": {"name": family.name,
+                                                                "version": str(family.version)}}
+    except (UserError, ImportError):  # e.g. a landscape replayed where its family is not: nothing to export
+        named = {"task": space.task}
+    return {**named, "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,
             "flags": list(space.build_flags), "cuda_flags": list(space.cuda_flags), "ldflags": list(space.ldflags),
             "gates": dict(space.gates), "template": space.template, "template_sha256": run.template_sha256,
             "toolchain": (run.fingerprint or {}).get("toolchain")}

@@ -34,7 +34,12 @@ def family_of(build: dict[str, Any], family: str | None = None, where: str = "el
         raise UserError(f"{where}: the build record names no family")
     if family is None:
         return find_family(name, version, where=where)
-    return check_version(family_class(family, base_dir=Path.cwd(), where="--family"), name, version, where)
+    file_part, _, cls_name = family.rpartition(":")
+    base = Path.cwd()
+    if file_part.endswith(".py") and Path(file_part).expanduser().is_absolute():  # the caller's own choice of file
+        path = Path(file_part).expanduser()
+        base, family = path.parent, f"{path.name}:{cls_name}"
+    return check_version(family_class(family, base_dir=base, where="--family"), name, version, where)
 
 
 def family_instance(cls: type, build: dict[str, Any]) -> Any:

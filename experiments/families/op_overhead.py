@@ -70,6 +70,7 @@ def eager_us(fn, calls: int = 2000) -> float:
 
 
 def refused(name: str, fn, *args, **kwargs) -> str:
+    print(f"misuse: {name}", file=sys.stderr, flush=True)
     try:
         fn(*args, **kwargs)
     except (ValueError, TypeError) as e:
@@ -126,6 +127,7 @@ def main() -> int:
     yard = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
 
     def record(name, ours, theirs, theirs_name):
+        print(f"timing: {name}", file=sys.stderr, flush=True)
         g_o, e_o = graph_us(ours), eager_us(ours)
         g_t, e_t = graph_us(theirs), eager_us(theirs)
         rows.append({"op": name, "ours_kernel_us": g_o, "ours_eager_us": e_o, "ours_overhead_us": e_o - g_o,
