@@ -16,7 +16,7 @@ to its module, and overrides what derives from the signature.
 The entry point of a declared signature, in this order (pointers to tensors may be typed any way in the kernel)::
 
     int ENTRY(<one pointer per tensor, in declared order (const for inputs)>,
-              <int64_t per symbolic size in Signature.sizes>,
+              <int64_t per size symbol in Signature.size_order(): not the fixed ones>,
               <one value per scalar, in declared order: float, double, int64_t, int32_t or int (bool)>,
               [void* workspace, int64_t* workspace_bytes,]   // Signature.workspace
               void* stream);                                 // cudaStream_t on CUDA, nullptr on the CPU
@@ -63,13 +63,15 @@ class Tensor:
     """A tensor argument. ``dims``: per dimension an int, a size symbol (``"rows"``; every use of one symbol must
     agree) or a product of them (``"M*D"``). ``output``: the kernel writes it (one output per family today).
     ``bounds``: an integer tensor's values must lie in ``[lo, hi)`` (ints or size expressions); the binding reads it
-    before the launch (once per unchanged tensor)."""
+    before the launch (once per unchanged tensor). ``align``: the bytes its data pointer must be a multiple of (e.g.
+    16 for 128-bit loads; a view at an odd offset is refused by the binding and copied by the exported op)."""
 
     name: str
     dtype: str
     dims: tuple[Union[int, str], ...]
     output: bool = False
     bounds: tuple[Union[int, str], Union[int, str]] | None = None
+    align: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class Scalar:
 @dataclass(frozen=True)
 class Signature:
     """A family's call: ``args`` in call order; ``sizes``: the size symbols the entry point receives, in order
-    (default: every symbol in order of first use); ``fixed``: symbols the kernel is compiled for (a call of another
+    (default: every symbol some input has as a whole dimension, in order of first use, fixed ones left out: the
+    kernel is compiled for those); ``fixed``: symbols the kernel is compiled for (a call of another
     size is refused, naming it); ``workspace``: the entry point takes the workspace pair."""
 
     args: tuple[Union[Tensor, Scalar], ...]
@@ -99,6 +102,9 @@ class Signature:
             if not _NAME.fullmatch(a.name):
                 raise ValueError(f"signature: argument name {a.name!r}: lower-case letters, digits and _")
             if isinstance(a, Tensor):
+                if isinstance(a.align, bool) or not isinstance(a.align, int) or a.align < 0 or \
+                        (a.align & (a.align - 1)):
+                    raise ValueError(f"signature: {a.name}: align {a.align!r}: 0 or a power of two (bytes)")
                 if a.dtype not in DTYPES:
                     raise ValueError(f"signature: {a.name}: dtype {a.dtype!r} (known: {', '.join(DTYPES)})")
                 for d in a.dims:
@@ -160,7 +166,8 @@ class Signature:
         for a in self.args:
             if isinstance(a, Tensor):
                 args.append({"kind": "tensor", "name": a.name, "dtype": a.dtype, "dims": list(a.dims),
-                             "output": a.output, **({"bounds": list(a.bounds)} if a.bounds else {})})
+                             "output": a.output, **({"bounds": list(a.bounds)} if a.bounds else {}),
+                             **({"align": a.align} if a.align else {})})
             else:
                 args.append({"kind": "scalar", "name": a.name, "dtype": a.dtype})
         return {"args": args, "sizes": self.size_order(), "fixed": dict(self.fixed), "workspace": self.workspace}

@@ -249,7 +249,9 @@ def test_declared_signatures_are_checked():
                       ((Tensor("x", "float32", ("n",)), Tensor("o", "float32", ("m",), output=True)), "'m'"),
                       ((Tensor("x", "float32", ("n",)), Tensor("x", "float32", ("n",), output=True)), "repeated"),
                       ((Scalar("s", "complex"), Tensor("o", "float32", (3,), output=True)), "scalar dtype"),
-                      ((Tensor("X y", "float32", ("n",)), Tensor("o", "float32", ("n",), output=True)), "name")]:
+                      ((Tensor("X y", "float32", ("n",)), Tensor("o", "float32", ("n",), output=True)), "name"),
+                      ((Tensor("x", "float32", ("n",), align=12), Tensor("o", "float32", ("n",), output=True)),
+                       "power of two")]:
         with pytest.raises(ValueError, match=why):
             Signature(args=args)
     sig = Signature(args=(Tensor("v", "float16", ("N", "S", "M", "D")), Scalar("eps", "float64"),

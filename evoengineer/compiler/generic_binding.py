@@ -64,6 +64,8 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         shown = "[" + ", ".join(str(d) for d in dims) + "]"
         emit(f"  evo_generic_tensor(t_{n}, {_cstr(n)}, {len(dims)}, {_cstr(shown)}, {_AT_DTYPES[a['dtype']]}, "
              f"device, st.signature);")
+        if a.get("align"):
+            emit(f"  evo_generic_align(t_{n}, {_cstr(n)}, {int(a['align'])});")
         for i, d in enumerate(dims):
             if isinstance(d, str) and _IDENT.fullmatch(d) and d not in fixed and d not in bound and not a["output"]:
                 bound[d] = n
@@ -105,7 +107,7 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")
         emit(f"    return st.fn({', '.join(call_args + ['stream'])});")
         emit("  });")
-    emit("  if (status != 0) throw EvoArgError{PyExc_RuntimeError, c10::str(\"kernel returned status \", status)};")
+    emit("  if (status != 0) throw EvoArgError{PyExc_RuntimeError, evo_str(\"kernel returned status \", status)};")
     emit("  return evo_return_int(0);")
 
     names = ", ".join(_cstr(a["name"]) for a in args)

@@ -259,6 +259,40 @@ class DeclaredOp(OpAdapter):
         # the float inputs have gradients (through the reference)
         self.grads = [a["name"] for a in self.params
                       if a["kind"] == "tensor" and DTYPES[a["dtype"]].is_floating_point]
+        # the eager path's plan, made once: where the output goes among the binding's arguments, which argument and
+        # dimension gives each size symbol, the output's dims from them
+        self._out_at = call["args"].index(self.out)
+        self._first = next(i for i, a in enumerate(self.params) if a["kind"] == "tensor")
+        source: dict[str, tuple[int, int]] = {}
+        for pi, a in enumerate(self.params):
+            if a["kind"] == "tensor":
+                for i, d in enumerate(a["dims"]):
+                    if isinstance(d, str) and d.isidentifier() and d not in call["fixed"] and d not in source:
+                        source[d] = (pi, i)
+        self._out_dims = [self._dim_getter(d, source, call["fixed"]) for d in self.out["dims"]]
+
+    @staticmethod
+    def _dim_getter(dim: Any, source: dict[str, tuple[int, int]], fixed: dict[str, int]) -> Callable[[tuple], Any]:
+        const, parts = 1, []
+        for f in ([dim] if isinstance(dim, int) else [x.strip() for x in str(dim).split("*")]):
+            if isinstance(f, int) or f.isdigit():
+                const *= int(f)
+            elif f in fixed:
+                const *= int(fixed[f])
+            else:
+                parts.append(source[f])
+        if not parts:
+            return lambda args: const
+        if len(parts) == 1 and const == 1:
+            (pi, i), = parts
+            return lambda args: args[pi].shape[i]
+
+        def value(args: tuple) -> Any:
+            v = const
+            for pi, i in parts:
+                v = v * args[pi].shape[i]
+            return v
+        return value
 
     def _values(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if len(args) > len(self.names):
@@ -334,26 +368,51 @@ class DeclaredOp(OpAdapter):
         op.register_autograd(backward, setup_context=setup_context)
         return op, backward_of
 
+    def _direct(self, shape: Callable[[], list[Any]], device: Callable[[], Any],
+                binding_args: Callable[[torch.Tensor], list[Any]]) -> torch.Tensor | None:
+        """Run the kernel straight from its binding (which checks every argument); None when an argument is refused
+        or malformed (the caller's checks then say why, or fall back)."""
+        try:
+            out = torch.empty(shape(), dtype=self.out_dtype, device=device())
+            rc = self.kop.module.forward(*binding_args(out))
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError, StopIteration):
+            return None
+        if rc:
+            raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
+        return out
+
     def function(self, *args, **kwargs) -> torch.Tensor:
         kop = self.kop
+        if not kwargs and len(args) == len(self.names) and kop.eager(*args):  # positional: the cheapest path
+            at = self._out_at
+            out = self._direct(lambda: [d(args) for d in self._out_dims], lambda: args[self._first].device,
+                               lambda o: [*args[:at], o, *args[at:]])
+            if out is not None:
+                return out
         values = self._values(args, kwargs)
         ordered = [values[n] for n in self.names]
         tensors = [v for v in ordered if isinstance(v, torch.Tensor)]
-        if kop.eager(*tensors):
-            try:
-                out = torch.empty(self.out_shape(values), dtype=self.out_dtype, device=tensors[0].device)
-                rc = kop.module.forward(*self._binding_args(values, out))
-            except (ValueError, TypeError, IndexError, KeyError, AttributeError, RuntimeError):
-                pass  # the checks below say why (or the binding's own check raises again)
-            else:
-                if rc:
-                    raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
+        if kwargs and kop.eager(*tensors):
+            out = self._direct(lambda: self.out_shape(values), lambda: tensors[0].device,
+                               lambda o: self._binding_args(values, o))
+            if out is not None:
                 return out
         misfit = _call_misfit(self.call, values, kop.device_type)
         if misfit is not None:
             kop.outside(*misfit)
             return self._reference(values)
-        return kop.op(*[v.contiguous() if isinstance(v, torch.Tensor) else v for v in ordered])
+        return kop.op(*[self._prepared(a, values[a["name"]]) for a in self.params])
+
+    @staticmethod
+    def _prepared(a: dict[str, Any], v: Any) -> Any:
+        """A tensor as the kernel takes it: contiguous and, where declared, aligned (a copy of an offset view)."""
+        if not isinstance(v, torch.Tensor):
+            return v
+        v = v.contiguous()
+        align = a.get("align", 0)
+        if align and v.numel() and v.data_ptr() % align:
+            v = v.clone()
+        return v
 
     def call_features(self, args, kwargs):
         values = dict(zip(self.names, args))

@@ -13,7 +13,9 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -24,6 +26,39 @@
 
 using EvoSignature = std::map<std::string, std::string>;
 
+// Messages are built without iostreams (c10::str streams): on a host whose extension builds do not link the C++
+// runtime the usual way (the H100 image's g++ wrapper), streaming an integer from an extension segfaults.
+inline void evo_append(std::string& s, const char* v) { s += v ? v : "(null)"; }
+inline void evo_append(std::string& s, const std::string& v) { s += v; }
+inline void evo_append(std::string& s, char v) { s.push_back(v); }
+inline void evo_append(std::string& s, bool v) { s += v ? "true" : "false"; }
+inline void evo_append(std::string& s, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  s += buf;
+}
+template <typename T, typename std::enable_if<std::is_integral<T>::value && !std::is_same<T, bool>::value &&
+                                                  !std::is_same<T, char>::value, int>::type = 0>
+void evo_append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+inline void evo_append(std::string& s, c10::IntArrayRef v) {
+  s += "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  s += "]";
+}
+inline void evo_append(std::string& s, const c10::Device& d) { s += d.str(); }
+
+template <typename... Pieces>
+std::string evo_str(const Pieces&... pieces) {
+  std::string s;
+  (evo_append(s, pieces), ...);
+  return s;
+}
+
 // An argument the kernel was not compiled for: which Python exception, and the message. Not a std::exception, so
 // nothing but evo_guard catches it by accident.
 struct EvoArgError {
@@ -33,11 +68,11 @@ struct EvoArgError {
 
 #define EVO_CHECK_VALUE(cond, ...) \
   do {                             \
-    if (!(cond)) throw EvoArgError{PyExc_ValueError, c10::str(__VA_ARGS__)}; \
+    if (!(cond)) throw EvoArgError{PyExc_ValueError, evo_str(__VA_ARGS__)}; \
   } while (0)
 #define EVO_CHECK_TYPE(cond, ...) \
   do {                            \
-    if (!(cond)) throw EvoArgError{PyExc_TypeError, c10::str(__VA_ARGS__)}; \
+    if (!(cond)) throw EvoArgError{PyExc_TypeError, evo_str(__VA_ARGS__)}; \
   } while (0)
 
 // Runs `body` (returns a new reference, or nullptr with a Python error set); every C++ exception becomes a Python
@@ -132,7 +167,7 @@ class EvoArgs {
       const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, j));
       if (key == nullptr) {
         PyErr_Clear();
-        throw EvoArgError{PyExc_TypeError, c10::str(function, "(): keywords must be strings")};
+        throw EvoArgError{PyExc_TypeError, evo_str(function, "(): keywords must be strings")};
       }
       size_t at = 0;
       while (at < names.size() && names[at] != key) ++at;
@@ -156,7 +191,7 @@ class EvoArgs {
     const double v = PyFloat_AsDouble(o);
     if (v == -1.0 && PyErr_Occurred()) {
       PyErr_Clear();
-      throw EvoArgError{PyExc_ValueError, c10::str(names_[i], ": not representable as a float")};
+      throw EvoArgError{PyExc_ValueError, evo_str(names_[i], ": not representable as a float")};
     }
     return v;
   }
@@ -409,15 +444,23 @@ inline void evo_generic_tensor(const at::Tensor& t, const char* name, int64_t di
   EVO_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
 }
 
+// A declared tensor's data pointer is a multiple of `align` bytes (a kernel's vector loads need it).
+inline void evo_generic_align(const at::Tensor& t, const char* name, int64_t align) {
+  const auto address = reinterpret_cast<uintptr_t>(t.data_ptr());
+  EVO_CHECK_VALUE(t.numel() == 0 || address % static_cast<uintptr_t>(align) == 0, name, ": data at byte offset ",
+                  static_cast<int64_t>(address % static_cast<uintptr_t>(align)), " from a ", align,
+                  "-byte boundary; this kernel needs ", align, "-byte aligned data (a view at an offset? pass a copy)");
+}
+
 // Dimension `i` of a declared tensor against the size it must have (`what`: its symbol or product; `from`: the
 // argument that gave the symbol its value, if any).
 inline void evo_generic_size(const at::Tensor& t, const char* name, int64_t i, const char* what, int64_t want,
                              const char* from) {
   if (t.size(i) == want) return;
   if (from[0] != '\0')
-    throw EvoArgError{PyExc_ValueError, c10::str(name, ": size ", i, " (", what, ", from ", from, ") is ", t.size(i),
+    throw EvoArgError{PyExc_ValueError, evo_str(name, ": size ", i, " (", what, ", from ", from, ") is ", t.size(i),
                                                  ", expected ", want, " (shape ", t.sizes(), ")")};
-  throw EvoArgError{PyExc_ValueError, c10::str(name, ": size ", i, " (", what, ") is ", t.size(i), ", expected ",
+  throw EvoArgError{PyExc_ValueError, evo_str(name, ": size ", i, " (", what, ") is ", t.size(i), ", expected ",
                                                want, " (shape ", t.sizes(), ")")};
 }
 

@@ -41,10 +41,11 @@ class RMSNorm(Family):
     @classmethod
     def call_signature(cls, constants: Mapping[str, Any]) -> Signature:
         dtype, hidden = constants["DTYPE"], int(constants["HIDDEN"])
-        return Signature(args=(Tensor("x", dtype, ("rows", "hidden")),
-                               Tensor("weight", dtype, ("hidden",)),
+        # 16-byte aligned data: the widest gene (VEC = 8 halves) loads 128 bits at a time
+        return Signature(args=(Tensor("x", dtype, ("rows", "hidden"), align=16),
+                               Tensor("weight", dtype, ("hidden",), align=16),
                                Scalar("eps", "float32"),
-                               Tensor("out", dtype, ("rows", "hidden"), output=True)),
+                               Tensor("out", dtype, ("rows", "hidden"), output=True, align=16)),
                          fixed={"hidden": hidden})
 
     def make_inputs(self, shape: Any, seed: int) -> dict[str, Any]:
