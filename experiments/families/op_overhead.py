@@ -102,7 +102,7 @@ def msda_case(fn):
 def sdpa_case(fn, shape):
     q, k, v = (torch.randn(*shape, dtype=torch.float16, device="cuda") for _ in range(3))
     misuse = [("fp32 q", (q.float(), k, v)), ("head dim 128", (torch.randn(2, 8, 64, 128, device="cuda").half(),) * 3),
-              ("k of another batch", (q, k[:1], v[:1])), ("mask", (q, k, v, torch.ones(1, device="cuda"))),
+              ("k of another head count", (q, k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1))), ("mask", (q, k, v, torch.ones(1, device="cuda"))),
               ("CPU q", (q.cpu(), k, v)), ("3-D q", (q[0], k[0], v[0])), ("string", ("q", k, v))]
     return (lambda: fn(q, k, v)), (lambda: F.scaled_dot_product_attention(q, k, v)), misuse
 

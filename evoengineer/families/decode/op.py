@@ -181,13 +181,14 @@ class DecodeOp(OpAdapter):
                     raise RuntimeError(f"decode kernel returned status {rc}")
                 return out
         misfit = self.decode_misfit(query, key_cache, value_cache, seq_lens, k_scale, v_scale)
+        if misfit is not None:
+            self.kop.outside(*misfit)  # raises unless the op falls back on the reference
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         Hkv = key_cache.shape[1] if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4 else 1
         ones = torch.ones(Hkv, dtype=torch.float32, device=query.device)
         ks = ones if k_scale is None else k_scale.contiguous()
         vs = ones if v_scale is None else v_scale.contiguous()
         if misfit is not None:
-            self.kop.outside(*misfit)
             return decode_reference(query, key_cache, value_cache, ks, vs, seq_lens, scale)
         return self.kop.op(query.contiguous(), key_cache.contiguous(), value_cache.contiguous(), ks, vs,
                        seq_lens.to(torch.int32).contiguous(), scale)

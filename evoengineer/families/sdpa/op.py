@@ -142,9 +142,10 @@ class SdpaOp(OpAdapter):
                     raise RuntimeError(f"SDPA kernel returned status {rc}")
                 return out
         misfit = self.sdpa_misfit(query, key, value, attn_mask, dropout_p, enable_gqa, k_scale, v_scale)
+        if misfit is not None:
+            self.kop.outside(*misfit)  # raises unless the op falls back on the reference
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         if misfit is not None:
-            self.kop.outside(*misfit)
             k = key if k_scale is None else (key.float() * k_scale.view(1, -1, 1, 1)).to(query.dtype)
             v = value if v_scale is None else (value.float() * v_scale.view(1, -1, 1, 1)).to(query.dtype)
             gqa = {"enable_gqa": True} if enable_gqa else {}
