@@ -139,8 +139,9 @@ def space_family(space: Any) -> Any:
     """The family class a space names (its module is imported: the search runs it anyway)."""
     from evoengineer.families import family_class
 
-    base = space.path.parent if getattr(space, "path", None) is not None else None
-    return family_class(space.task, base_dir=base, where=f"{space.path or space.name}: task")
+    path = getattr(space, "path", None)
+    return family_class(space.task, base_dir=path.parent if path is not None else None,
+                        where=f"{path or space.name}: task")
 
 
 def build_record(space: Any, run: Any) -> dict[str, Any]:

@@ -445,12 +445,25 @@ class Family(ABC):
         """What turns a built kernel into a PyTorch op (evoengineer/ops/runtime.py: `OpAdapter`). Default: the
         declared signature's op, `function(*inputs, *scalars) -> output`, falling back on and differentiating
         `reference`."""
+        if self.op_module:
+            return type(self).own_op_adapter()
         from evoengineer.ops.runtime import DeclaredOp
 
         def reference(args: dict[str, Any]) -> torch.Tensor:
             return self.reference(args)
 
         return DeclaredOp(self.signature.to_json(), reference, name=self.function)
+
+    @classmethod
+    def own_op_adapter(cls) -> Any:
+        """The adapter of `op_module` (a module beside the family's), made without the signature constants: it
+        reads them from the kernel it is bound to."""
+        import importlib
+
+        package = cls.__module__.rpartition(".")[0]
+        module = importlib.import_module(f"{package}.{Path(cls.op_module).stem}" if package else
+                                         Path(cls.op_module).stem)
+        return getattr(module, cls.op_class)()
 
     @classmethod
     def describe(cls) -> str:

@@ -154,4 +154,6 @@ def op_adapter_for(kernel: dict[str, Any]) -> Any:
     build = kernel["build"]
     family = build.get("family") or {"name": build["task"], "version": None}
     cls = find_family(family["name"], family.get("version"), where=f"kernel {kernel.get('hash', '?')[:12]}")
+    if cls.op_module:
+        return cls.own_op_adapter()
     return cls(constants=build["signature"], backend=build.get("backend", "cpu")).op_adapter()

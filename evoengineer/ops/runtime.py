@@ -325,6 +325,7 @@ class DeclaredOp(OpAdapter):
         params = ", ".join(f"{_schema_type(a)} {a['name']}" for a in self.params)
 
         def forward(*args):
+            args = tuple(adapter._aligned(a, v) for a, v in zip(adapter.params, args))
             values = dict(zip(adapter.names, args))
             first = next(v for v in args if isinstance(v, torch.Tensor))
             out = torch.empty(adapter.out_shape(values), dtype=adapter.out_dtype, device=first.device)
@@ -405,13 +406,15 @@ class DeclaredOp(OpAdapter):
 
     @staticmethod
     def _prepared(a: dict[str, Any], v: Any) -> Any:
-        """A tensor as the kernel takes it: contiguous and, where declared, aligned (a copy of an offset view)."""
-        if not isinstance(v, torch.Tensor):
-            return v
-        v = v.contiguous()
+        """A tensor as the op takes it: contiguous (alignment is seen to inside the op, on real data)."""
+        return v.contiguous() if isinstance(v, torch.Tensor) else v
+
+    @staticmethod
+    def _aligned(a: dict[str, Any], v: Any) -> Any:
+        """Where the call declares an alignment: an offset view copied into fresh (aligned) memory."""
         align = a.get("align", 0)
-        if align and v.numel() and v.data_ptr() % align:
-            v = v.clone()
+        if align and isinstance(v, torch.Tensor) and v.numel() and v.data_ptr() % align:
+            return v.clone()
         return v
 
     def call_features(self, args, kwargs):

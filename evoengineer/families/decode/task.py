@@ -201,10 +201,6 @@ class DecodeTask(AttentionTask):
     def baselines(self):
         return {"sdpa": sdpa_baseline}
 
-    def op_adapter(self):
-        from evoengineer.families.decode.op import DecodeOp
-
-        return DecodeOp()
 
     def flops(self, shape):
         return flops(shape, self.head_dim)

@@ -343,10 +343,6 @@ class MSDATask(Family):
             raise UserError(f"{where}.ATTENTION: one of {', '.join(repr(m) for m in ATTENTION_MODES)}")
         self.logits = attention == "logits"
 
-    def op_adapter(self):
-        from evoengineer.families.msda.op import MsdaOp
-
-        return MsdaOp()
 
     @staticmethod
     def signature_text(sig) -> str:

@@ -298,10 +298,6 @@ class SDPATask(AttentionTask):
     def fp16_attention(self, inputs):
         return sdpa_fp16_original(inputs)
 
-    def op_adapter(self):
-        from evoengineer.families.sdpa.op import SdpaOp
-
-        return SdpaOp()
 
     def baselines(self):
         # FP8 KV: what the kernel replaces is fp16 attention on the original K/V
