@@ -385,10 +385,14 @@ class DeclaredOp(OpAdapter):
     def function(self, *args, **kwargs) -> torch.Tensor:
         kop = self.kop
         if not kwargs and len(args) == len(self.names) and kop.eager(*args):  # positional: the cheapest path
-            at = self._out_at
-            out = self._direct(lambda: [d(args) for d in self._out_dims], lambda: args[self._first].device,
-                               lambda o: [*args[:at], o, *args[at:]])
-            if out is not None:
+            try:
+                out = args[self._first].new_empty([d(args) for d in self._out_dims], dtype=self.out_dtype)
+                rc = kop.module.forward(*args[:self._out_at], out, *args[self._out_at:])
+            except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+                pass  # refused or malformed: the checks below say why
+            else:
+                if rc:
+                    raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
                 return out
         values = self._values(args, kwargs)
         ordered = [values[n] for n in self.names]
