@@ -1,4 +1,5 @@
-import sys, subprocess, os
+import subprocess
+import sys
 code = r'''
 import sys, torch, faulthandler; faulthandler.enable(); faulthandler.dump_traceback_later(45, exit=True)
 sys.path.insert(0, ".")
