@@ -16,6 +16,7 @@ to its module, and overrides what derives from the signature.
 The entry point of a declared signature, in this order (pointers to tensors may be typed any way in the kernel)::
 
     int ENTRY(<one pointer per tensor, in declared order (const for inputs)>,
+              <const int64_t* per strided tensor: its element strides, in declared order>,
               <int64_t per size symbol in Signature.size_order(): not the fixed ones>,
               <one value per scalar, in declared order: float, double, int64_t, int32_t or int (bool)>,
               [void* workspace, int64_t* workspace_bytes,]   // Signature.workspace
@@ -64,7 +65,10 @@ class Tensor:
     agree) or a product of them (``"M*D"``). ``output``: the kernel writes it (one output per family today).
     ``bounds``: an integer tensor's values must lie in ``[lo, hi)`` (ints or size expressions); the binding reads it
     before the launch (once per unchanged tensor). ``align``: the bytes its data pointer must be a multiple of (e.g.
-    16 for 128-bit loads; a view at an odd offset is refused by the binding and copied by the exported op)."""
+    16 for 128-bit loads; a view at an odd offset is refused by the binding and copied by the exported op).
+    ``strided``: any strides are taken (no copy to contiguous): the entry point also receives the tensor's element
+    strides (``const int64_t* NAME_strides``, one per dimension, after the tensor pointers); an output must still
+    not overlap itself."""
 
     name: str
     dtype: str
@@ -72,6 +76,7 @@ class Tensor:
     output: bool = False
     bounds: tuple[Union[int, str], Union[int, str]] | None = None
     align: int = 0
+    strided: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ class Signature:
             if isinstance(a, Tensor):
                 args.append({"kind": "tensor", "name": a.name, "dtype": a.dtype, "dims": list(a.dims),
                              "output": a.output, **({"bounds": list(a.bounds)} if a.bounds else {}),
-                             **({"align": a.align} if a.align else {})})
+                             **({"align": a.align} if a.align else {}), **({"strided": True} if a.strided else {})})
             else:
                 args.append({"kind": "scalar", "name": a.name, "dtype": a.dtype})
         return {"args": args, "sizes": self.size_order(), "fixed": dict(self.fixed), "workspace": self.workspace}
@@ -175,6 +180,7 @@ class Signature:
     def c_prototype(self, entry: str) -> str:
         """The entry point's C declaration (for a template's author)."""
         params = [f"{'void' if a.output else 'const void'}* {a.name}" for a in self.tensors]
+        params += [f"const int64_t* {a.name}_strides" for a in self.tensors if a.strided]
         params += [f"int64_t {s}" for s in self.size_order()]
         params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
         if self.workspace:

@@ -276,3 +276,62 @@ def test_core_modules_name_no_family():
                 if names.search(line):
                     hits.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+STRIDED_FAMILY = '''
+import torch
+from evoengineer.family import Family, Signature, Tensor
+
+
+class Scale(Family):
+    name, version, entry = "strided_scale", "1", "evo_strided_scale"
+
+    @classmethod
+    def call_signature(cls, constants):
+        return Signature(args=(Tensor("x", "float32", ("rows", "cols"), strided=True),
+                               Tensor("out", "float32", ("rows", "cols"), output=True, strided=True)))
+
+    def make_inputs(self, shape, seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(shape.cols, shape.rows, generator=g).t()}  # a transposed view
+
+    def reference(self, inputs):
+        return inputs["x"].double() * 2
+'''
+STRIDED_TEMPLATE = '''#include <cstdint>
+extern "C" int evo_strided_scale(const float* x, float* out, const int64_t* xs, const int64_t* os, int64_t rows,
+                                 int64_t cols, void* stream) {
+  (void)stream;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += {{ STEP }})
+      for (int64_t k = c; k < c + {{ STEP }} && k < cols; ++k) out[r * os[0] + k * os[1]] = 2.0f * x[r * xs[0] + k * xs[1]];
+  return 0;
+}
+'''
+
+
+def test_strided_tensors_reach_the_kernel_with_their_strides(tmp_path: Path, build_cache: Path):
+    """A tensor declared strided is passed as it is, its element strides beside it (no copy to contiguous); an
+    output that overlaps itself is refused."""
+    d = tmp_path / "strided"
+    d.mkdir()
+    (d / "family.py").write_text(STRIDED_FAMILY)
+    (d / "t.cpp.j2").write_text(STRIDED_TEMPLATE)
+    (d / "s.toml").write_text('name = "strided"\ntemplate = "t.cpp.j2"\ntask = "family.py:Scale"\nbackend = "cpu"\n'
+                              '[parameters]\nSTEP = [1, 4]\n[build]\nflags = ["-O2"]\n'
+                              '[[shapes]]\nname = "a"\nrows = 5\ncols = 7\ntime = true\n')
+    space = load_space(d / "s.toml")
+    task, mod = build_candidate(space, {"STEP": 4}, build_cache, jobs=1)
+    assert task.signature.c_prototype(task.entry) == (
+        'extern "C" int evo_strided_scale(const void* x, void* out, const int64_t* x_strides, '
+        'const int64_t* out_strides, int64_t rows, int64_t cols, void* stream)')
+    x = torch.randn(7, 5).t()
+    out = torch.full((7, 5), float("nan")).t()  # a transposed output: dense, strided
+    assert not x.is_contiguous() and mod.forward(x, out) == 0
+    assert torch.equal(out, x * 2)
+    with pytest.raises(ValueError, match="out: its elements overlap"):
+        mod.forward(x, torch.zeros(5, 1).expand(5, 7))
+    inputs = task.make_inputs(task.entries[0].shape, 0)
+    got = task.new_output(inputs)
+    task.launch(mod, inputs, got)
+    assert torch.equal(got, inputs["x"] * 2)

@@ -3,7 +3,7 @@ toolchain like a family's own binding.
 
 The generated module's ``forward(*args)`` takes the declared arguments in order (keywords by name), checks each
 before the launch (a tensor: device kind and that every tensor shares the first one's device, dtype, rank,
-contiguity, each dimension against its symbol, fixed size or product; an integer tensor with bounds: its values, read
+contiguity (unless declared strided: then an output must not overlap itself), each dimension against its symbol, fixed size or product; an integer tensor with bounds: its values, read
 once per unchanged tensor and not during CUDA graph capture; a scalar: its Python type), raising ValueError/TypeError
 naming the argument and both values; then calls the entry point on the current stream without the GIL (with the
 workspace protocol when declared), raises RuntimeError on a non-zero status and returns 0. No C++ exception leaves
@@ -42,6 +42,7 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
     tensors = [a for a in args if a["kind"] == "tensor"]
     first = next(a for a in tensors if not a["output"])
     params = [("void*" if a["output"] else "const void*") for a in tensors]
+    params += ["const int64_t*" for a in tensors if a.get("strided")]
     params += ["int64_t"] * len(order)
     params += [_SCALAR[a["dtype"]][0] for a in args if a["kind"] == "scalar"]
     if call["workspace"]:
@@ -63,7 +64,8 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         n, dims = a["name"], a["dims"]
         shown = "[" + ", ".join(str(d) for d in dims) + "]"
         emit(f"  evo_generic_tensor(t_{n}, {_cstr(n)}, {len(dims)}, {_cstr(shown)}, {_AT_DTYPES[a['dtype']]}, "
-             f"device, st.signature);")
+             f"device, st.signature, {'true' if a.get('strided') else 'false'}, "
+             f"{'true' if a['output'] else 'false'});")
         if a.get("align"):
             emit(f"  evo_generic_align(t_{n}, {_cstr(n)}, {int(a['align'])});")
         for i, d in enumerate(dims):
@@ -95,7 +97,9 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
              f"{_cstr(str(a['bounds'][0]))}, {_cstr(str(a['bounds'][1]))});")
     out = next(a for a in tensors if a["output"])
     emit(f"  if (t_{out['name']}.numel() == 0) return evo_return_int(0);")
-    call_args = [f"t_{a['name']}.data_ptr()" for a in tensors] + [f"s_{s}" for s in order]
+    call_args = [f"t_{a['name']}.data_ptr()" for a in tensors]
+    call_args += [f"t_{a['name']}.strides().data()" for a in tensors if a.get("strided")]
+    call_args += [f"s_{s}" for s in order]
     call_args += [f"v_{a['name']}" for a in scalars]
     if call["workspace"]:
         emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")

@@ -410,8 +410,9 @@ class DeclaredOp(OpAdapter):
 
     @staticmethod
     def _prepared(a: dict[str, Any], v: Any) -> Any:
-        """A tensor as the op takes it: contiguous (alignment is seen to inside the op, on real data)."""
-        return v.contiguous() if isinstance(v, torch.Tensor) else v
+        """A tensor as the op takes it: contiguous unless declared strided (alignment is seen to inside the op, on
+        real data)."""
+        return v.contiguous() if isinstance(v, torch.Tensor) and not a.get("strided") else v
 
     @staticmethod
     def _aligned(a: dict[str, Any], v: Any) -> Any:

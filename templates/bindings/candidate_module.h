@@ -434,13 +434,19 @@ int evo_with_workspace(const torch::Tensor& like, Call call) {
 // ---- checks of a declared call (the generated bindings) ------------------------------------------------------------
 // A declared tensor: its device (the first tensor's), dtype, rank and contiguity.
 inline void evo_generic_tensor(const at::Tensor& t, const char* name, int64_t dim, const char* dims,
-                               at::ScalarType dtype, const torch::Device& device, const std::string& sig) {
+                               at::ScalarType dtype, const torch::Device& device, const std::string& sig,
+                               bool strided, bool output) {
   EVO_CHECK_VALUE(t.device() == device, name, ": on ", t.device(), ", expected ", device,
                   " (the device of the first tensor)");
   EVO_CHECK_TYPE(t.scalar_type() == dtype, name, ": dtype ", evo_dtype_name(t.scalar_type()),
                  ", but this kernel was compiled for ", evo_dtype_name(dtype), " (", sig, ")");
   EVO_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions ", dims, ", got ", t.dim(), " (shape ",
                   t.sizes(), ")");
+  if (strided) {  // any strides; an output the kernel writes must not overlap itself (an expanded tensor)
+    EVO_CHECK_VALUE(!output || t.is_non_overlapping_and_dense(), name, ": its elements overlap or leave gaps (strides ",
+                    t.strides(), "); an output must be dense");
+    return;
+  }
   EVO_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous (strides ", t.strides(), ")");
 }
 
