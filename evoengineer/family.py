@@ -392,7 +392,10 @@ class Family(ABC):
 
     def sizes_of(self, inputs: Inputs) -> dict[str, int]:
         """The size symbols' values in these inputs."""
-        return resolve_sizes(self.signature.to_json(), {t.name: inputs[t.name] for t in self.signature.inputs})
+        call = self.__dict__.get("_call")
+        if call is None:
+            call = self.__dict__["_call"] = self.signature.to_json()
+        return resolve_sizes(call, {t.name: inputs[t.name] for t in self.signature.inputs})
 
     def new_output(self, inputs: Inputs) -> torch.Tensor:
         """An output buffer for the candidate, filled with NaN (integers: their minimum) so unwritten elements fail."""

@@ -65,17 +65,25 @@ def dim_value(dim: Any, sizes: dict[str, Any]) -> Any:
     return value
 
 
-def resolve_sizes(call: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
-    """The size symbols' values from the inputs (the first whole dimension that names each), plus the fixed ones."""
-    sizes: dict[str, Any] = {}
+def size_sources(call: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Where each size symbol's value comes from: the first input that has it as a whole dimension (name, dim)."""
+    sources: dict[str, tuple[str, int]] = {}
     for a in call["args"]:
-        if a["kind"] != "tensor" or a["output"]:
-            continue
-        t = tensors[a["name"]]
-        for i, d in enumerate(a["dims"]):
-            if isinstance(d, str) and d.isidentifier() and d not in sizes and d not in call["fixed"]:
-                sizes[d] = t.shape[i]
-    return {**sizes, **call["fixed"]}
+        if a["kind"] == "tensor" and not a["output"]:
+            for i, d in enumerate(a["dims"]):
+                if isinstance(d, str) and d.isidentifier() and d not in sources and d not in call["fixed"]:
+                    sources[d] = (a["name"], i)
+    return sources
+
+
+def resolve_sizes(call: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """The size symbols' values from the inputs, plus the fixed ones."""
+    return {**{k: tensors[n].shape[i] for k, (n, i) in size_sources(call).items()}, **call["fixed"]}
+
+
+def call_arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    """Argument `i` (or keyword `name`) of a call, None if not given."""
+    return args[i] if len(args) > i else kwargs.get(name)
 
 
 def _call_misfit(call: dict[str, Any], values: dict[str, Any], device_type: str
@@ -230,6 +238,28 @@ class OpAdapter:
     def bind(self, kop: "KernelOp") -> None:
         self.kop = kop
 
+    def direct(self, prepare: Callable[[], tuple[torch.Tensor, list[Any]]]) -> torch.Tensor | None:
+        """Run the kernel straight from its binding (an eager call that needs no autograd): `prepare` gives the
+        output and the binding's arguments. None when an argument is refused or malformed (the caller's checks then
+        say why, or fall back); a kernel failure raises."""
+        try:
+            out, args = prepare()
+            rc = self.kop.module.forward(*args)
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError, StopIteration):
+            return None
+        if rc:
+            raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
+        return out
+
+    def unit_scales(self, n: int, device: torch.device) -> torch.Tensor:
+        """float32 ones [n] on `device` (dequantization scales of a kernel called without them), kept per (n,
+        device): one allocation, not one per call."""
+        cache = self.__dict__.setdefault("_unit_scales", {})
+        t = cache.get((n, device))
+        if t is None:
+            t = cache[(n, device)] = torch.ones(n, dtype=torch.float32, device=device)
+        return t
+
     def register(self, name: str) -> tuple[Any, Any]:
         raise NotImplementedError
 
@@ -263,12 +293,7 @@ class DeclaredOp(OpAdapter):
         # dimension gives each size symbol, the output's dims from them
         self._out_at = call["args"].index(self.out)
         self._first = next(i for i, a in enumerate(self.params) if a["kind"] == "tensor")
-        source: dict[str, tuple[int, int]] = {}
-        for pi, a in enumerate(self.params):
-            if a["kind"] == "tensor":
-                for i, d in enumerate(a["dims"]):
-                    if isinstance(d, str) and d.isidentifier() and d not in call["fixed"] and d not in source:
-                        source[d] = (pi, i)
+        source = {k: (self.names.index(n), i) for k, (n, i) in size_sources(call).items()}
         self._out_dims = [self._dim_getter(d, source, call["fixed"]) for d in self.out["dims"]]
 
     @staticmethod
@@ -369,37 +394,25 @@ class DeclaredOp(OpAdapter):
         op.register_autograd(backward, setup_context=setup_context)
         return op, backward_of
 
-    def _direct(self, shape: Callable[[], list[Any]], device: Callable[[], Any],
-                binding_args: Callable[[torch.Tensor], list[Any]]) -> torch.Tensor | None:
-        """Run the kernel straight from its binding (which checks every argument); None when an argument is refused
-        or malformed (the caller's checks then say why, or fall back)."""
-        try:
-            out = torch.empty(shape(), dtype=self.out_dtype, device=device())
-            rc = self.kop.module.forward(*binding_args(out))
-        except (ValueError, TypeError, IndexError, KeyError, AttributeError, StopIteration):
-            return None
-        if rc:
-            raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
-        return out
-
     def function(self, *args, **kwargs) -> torch.Tensor:
         kop = self.kop
         if not kwargs and len(args) == len(self.names) and kop.eager(*args):  # positional: the cheapest path
-            try:
+            def positional() -> tuple[torch.Tensor, list[Any]]:
                 out = args[self._first].new_empty([d(args) for d in self._out_dims], dtype=self.out_dtype)
-                rc = kop.module.forward(*args[:self._out_at], out, *args[self._out_at:])
-            except (ValueError, TypeError, IndexError, KeyError, AttributeError):
-                pass  # refused or malformed: the checks below say why
-            else:
-                if rc:
-                    raise RuntimeError(f"{self.function_name} kernel returned status {rc}")
+                return out, [*args[:self._out_at], out, *args[self._out_at:]]
+
+            out = self.direct(positional)
+            if out is not None:
                 return out
         values = self._values(args, kwargs)
         ordered = [values[n] for n in self.names]
         tensors = [v for v in ordered if isinstance(v, torch.Tensor)]
         if kwargs and kop.eager(*tensors):
-            out = self._direct(lambda: self.out_shape(values), lambda: tensors[0].device,
-                               lambda o: self._binding_args(values, o))
+            def named() -> tuple[torch.Tensor, list[Any]]:
+                out = torch.empty(self.out_shape(values), dtype=self.out_dtype, device=tensors[0].device)
+                return out, self._binding_args(values, out)
+
+            out = self.direct(named)
             if out is not None:
                 return out
         misfit = _call_misfit(self.call, values, kop.device_type)

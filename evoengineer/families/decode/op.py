@@ -9,15 +9,12 @@ from typing import Any
 import torch
 
 try:  # in an exported package, beside the runtime
-    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
     from .attention_reference import _attention_backward
 except ImportError:
-    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
     from evoengineer.families.sdpa.attention_reference import _attention_backward
 
-
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
 
 
 def _decode_operands(q, k, v, k_scale, v_scale, seq_lens):
@@ -54,24 +51,11 @@ def decode_reference_backward(grad, q, k, v, k_scale, v_scale, seq_lens,
     return dq, dk, dv
 
 
-def _softmax_lp(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Softmax of MSDA attention logits [N, Lq, M, L, P] over each (n, q, m)'s L * P values, in `dtype`."""
-    return torch.softmax(attention.to(dtype).flatten(-2), dim=-1).view(attention.shape)
-
 
 class DecodeOp(OpAdapter):
     """Decode attention on the kernel (signature HEAD_DIM, Q_DTYPE, KV_DTYPE)."""
 
     function_name = "decode_attention"
-
-    def _ones(self, key_cache: torch.Tensor) -> torch.Tensor:
-        """Unit K/V scales for the cache's heads on its device (kept: one allocation per head count and device)."""
-        key = (key_cache.shape[1], key_cache.device)
-        cache = self.__dict__.setdefault("_ones_cache", {})
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = torch.ones(key_cache.shape[1], dtype=torch.float32, device=key_cache.device)
-        return t
 
     # ---- decode -----------------------------------------------------------------------------------------------------
     def register(self, name: str) -> tuple[Any, Any]:
@@ -169,23 +153,21 @@ class DecodeOp(OpAdapter):
         would cost a device-to-host copy). FP8 caches take per-KV-head float32 `k_scale`/`v_scale`."""
         if (k_scale is None and v_scale is None and isinstance(seq_lens, torch.Tensor)
                 and seq_lens.dtype == torch.int32 and self.kop.eager(query, key_cache, value_cache)):
-            try:
-                scale_ = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+            def prepare():
+                ones = self.unit_scales(key_cache.shape[1], key_cache.device)
                 out = torch.empty_like(query)
-                ones = self._ones(key_cache)
-                rc = self.kop.module.forward(query, key_cache, value_cache, ones, ones, seq_lens, out, scale_)
-            except (ValueError, TypeError, IndexError, AttributeError):
-                pass  # the checks below say why
-            else:
-                if rc != 0:
-                    raise RuntimeError(f"decode kernel returned status {rc}")
+                return out, [query, key_cache, value_cache, ones, ones, seq_lens, out,
+                             1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)]
+
+            out = self.direct(prepare)  # refused: the checks below say why
+            if out is not None:
                 return out
         misfit = self.decode_misfit(query, key_cache, value_cache, seq_lens, k_scale, v_scale)
         if misfit is not None:
             self.kop.outside(*misfit)  # raises unless the op falls back on the reference
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         Hkv = key_cache.shape[1] if isinstance(key_cache, torch.Tensor) and key_cache.dim() == 4 else 1
-        ones = torch.ones(Hkv, dtype=torch.float32, device=query.device)
+        ones = torch.ones(Hkv, dtype=torch.float32, device=query.device)  # traced by torch.compile: no cache
         ks = ones if k_scale is None else k_scale.contiguous()
         vs = ones if v_scale is None else v_scale.contiguous()
         if misfit is not None:
@@ -196,7 +178,7 @@ class DecodeOp(OpAdapter):
     function = decode_attention
 
     def call_features(self, args, kwargs):
-        q, kc = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key_cache")
+        q, kc = call_arg(args, kwargs, 0, "query"), call_arg(args, kwargs, 1, "key_cache")
         return {"B": int(q.shape[0]), "Hq": int(q.shape[1]), "Sq": int(q.shape[2]), "Hkv": int(kc.shape[1]),
                 "Sk": int(kc.shape[2])}, ()
 

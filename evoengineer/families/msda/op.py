@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 try:  # in an exported package, beside the runtime
-    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
 except ImportError:
-    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
 try:
     from .reference import msda_reference, msda_reference_backward
 except ImportError:
@@ -20,9 +20,6 @@ def _softmax_lp(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Softmax of MSDA attention logits [N, Lq, M, L, P] over each (n, q, m)'s L * P values, in `dtype`."""
     return torch.softmax(attention.to(dtype).flatten(-2), dim=-1).view(attention.shape)
 
-
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
 
 
 class MsdaOp(OpAdapter):
@@ -144,14 +141,12 @@ class MsdaOp(OpAdapter):
         `im2col_step` is accepted for compatibility and ignored."""
         args = (value, value_spatial_shapes, value_level_start_index, sampling_locations, attention_weights)
         if self.kop.eager(value, sampling_locations, attention_weights):
-            try:
+            def prepare():
                 out = value.new_empty((value.shape[0], sampling_locations.shape[1], value.shape[2] * value.shape[3]))
-                rc = self.kop.module.forward(*args, out)
-            except (ValueError, TypeError, IndexError, AttributeError):
-                pass  # the checks below say why (the binding's value checks raise again from the op)
-            else:
-                if rc != 0:
-                    raise RuntimeError(f"MSDA kernel returned status {rc}")
+                return out, [*args, out]
+
+            out = self.direct(prepare)  # refused: the checks below say why (value checks raise again from the op)
+            if out is not None:
                 return out
         misfit = self.msda_misfit(*args)
         if misfit is not None:
@@ -165,7 +160,7 @@ class MsdaOp(OpAdapter):
     function = ms_deform_attn
 
     def call_features(self, args, kwargs):
-        value, loc = _arg(args, kwargs, 0, "value"), _arg(args, kwargs, 3, "sampling_locations")
+        value, loc = call_arg(args, kwargs, 0, "value"), call_arg(args, kwargs, 3, "sampling_locations")
         N, S, M, Lq = int(value.shape[0]), int(value.shape[1]), int(value.shape[2]), int(loc.shape[1])
         return {"N": N, "Lq": Lq, "M": M, "S": S}, (True if Lq == S else False,)  # a plain bool under torch.compile
 

@@ -10,32 +10,20 @@ import torch
 import torch.nn.functional as F
 
 try:  # in an exported package, beside the runtime
-    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from .runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
 except ImportError:
-    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name
+    from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
 try:
     from .attention_reference import sdpa_reference_backward
 except ImportError:
     from evoengineer.families.sdpa.attention_reference import sdpa_reference_backward
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
 
 class SdpaOp(OpAdapter):
     """Attention forward on the kernel (signature HEAD_DIM, Q_DTYPE, KV_DTYPE)."""
 
     function_name = "scaled_dot_product_attention"
-
-    def _ones(self, query: torch.Tensor) -> torch.Tensor:
-        """Unit K/V scales for `query`'s heads on its device (kept: one allocation per head count and device)."""
-        key = (query.shape[1], query.device)
-        cache = self.__dict__.setdefault("_ones_cache", {})
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = torch.ones(query.shape[1], dtype=torch.float32, device=query.device)
-        return t
 
     # ---- sdpa -------------------------------------------------------------------------------------------------------
     def register(self, name: str) -> tuple[Any, Any]:
@@ -130,16 +118,14 @@ class SdpaOp(OpAdapter):
         top-left aligned). FP8 K/V kernels take per-head float32 `k_scale`/`v_scale` (real = stored x scale)."""
         if (attn_mask is None and not dropout_p and k_scale is None and v_scale is None
                 and self.kop.eager(query, key, value)):
-            try:
-                scale_ = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+            def prepare():
+                ones = self.unit_scales(query.shape[1], query.device)
                 out = torch.empty_like(query)
-                ones = self._ones(query)
-                rc = self.kop.module.forward(query, key, value, ones, ones, out, bool(is_causal), scale_)
-            except (ValueError, TypeError, IndexError, AttributeError):
-                pass  # the checks below say why
-            else:
-                if rc != 0:
-                    raise RuntimeError(f"SDPA kernel returned status {rc}")
+                return out, [query, key, value, ones, ones, out, bool(is_causal),
+                             1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)]
+
+            out = self.direct(prepare)  # refused: the checks below say why
+            if out is not None:
                 return out
         misfit = self.sdpa_misfit(query, key, value, attn_mask, dropout_p, enable_gqa, k_scale, v_scale)
         if misfit is not None:
@@ -151,8 +137,7 @@ class SdpaOp(OpAdapter):
             gqa = {"enable_gqa": True} if enable_gqa else {}
             return F.scaled_dot_product_attention(query, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                                   is_causal=is_causal, scale=scale, **gqa)
-        H = query.shape[1]
-        ones = torch.ones(H, dtype=torch.float32, device=query.device)
+        ones = torch.ones(query.shape[1], dtype=torch.float32, device=query.device)  # traced by torch.compile: no cache
         ks = ones if k_scale is None else k_scale.contiguous()
         vs = ones if v_scale is None else v_scale.contiguous()
         return self.kop.op(query.contiguous(), key.contiguous(), value.contiguous(), ks, vs, bool(is_causal), scale)
@@ -160,8 +145,8 @@ class SdpaOp(OpAdapter):
     function = scaled_dot_product_attention
 
     def call_features(self, args, kwargs):
-        q, k = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
-        causal = bool(_arg(args, kwargs, 5, "is_causal"))
+        q, k = call_arg(args, kwargs, 0, "query"), call_arg(args, kwargs, 1, "key")
+        causal = bool(call_arg(args, kwargs, 5, "is_causal"))
         return {"B": int(q.shape[0]), "H": int(q.shape[1]), "Sq": int(q.shape[2]), "Sk": int(k.shape[2])}, (causal,)
 
     def spec_features(self, spec):
