@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
 
     sub.add_parser("spaces", help="list the shipped spaces with their number of valid configurations")
+    sub.add_parser("families", help="list the shipped and installed kernel families with their templates")
 
     ls = sub.add_parser("landscape", help="export a run's measurements as a landscape CSV (replay format)")
     ls.add_argument("--db", default=DEFAULT_URL)
@@ -272,6 +273,25 @@ def cmd_spaces(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_families(a: argparse.Namespace) -> int:
+    from evoengineer import families
+
+    rows = [("family", "version", "from", "entry", "templates")]
+    for name in families.known():
+        origin = "shipped" if name in families.SHIPPED else "installed"
+        try:
+            cls = families.find_family(name)
+        except UserError as exc:
+            rows.append((name, "?", origin, "", str(exc)))
+            continue
+        found = [str(p) if p.is_file() else f"{p} (missing)" for p in cls.template_paths()]
+        rows.append((name, str(cls.version), origin, cls.entry, ", ".join(found) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return 0
+
+
 def cmd_landscape(a: argparse.Namespace) -> int:
     from evoengineer.evaluators.replay import write_landscape
     from evoengineer.search.driver import open_store
@@ -346,7 +366,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
-            "spaces": cmd_spaces, "landscape": cmd_landscape, "report": cmd_report,
+            "spaces": cmd_spaces, "families": cmd_families, "landscape": cmd_landscape, "report": cmd_report,
             "export": cmd_export, "worker": cmd_worker}
 
 

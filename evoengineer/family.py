@@ -278,6 +278,9 @@ class Family(ABC):
     op_module: str = ""
     op_class: str = ""
     op_files: tuple[str, ...] = ()
+    #: the templates the family's kernels are written in, relative to the family's module folder or to the shipped
+    #: templates folder (listed by `evoengineer families`; a space may render another one of its own)
+    templates: tuple[str, ...] = ()
 
     def __init__(self, space: SearchSpace | None = None, *, constants: Mapping[str, Any] | None = None,
                  backend: str | None = None):
@@ -462,6 +465,14 @@ class Family(ABC):
             return self.reference(args)
 
         return DeclaredOp(self.signature.to_json(), reference, name=self.function)
+
+    @classmethod
+    def template_paths(cls) -> list[Path]:
+        """The declared `templates`, found beside the family's module first, then among the shipped templates."""
+        from evoengineer import TEMPLATES_DIR
+
+        here = Path(inspect.getfile(cls)).resolve().parent
+        return [(here / t) if (here / t).is_file() else (TEMPLATES_DIR / t) for t in cls.templates]
 
     @classmethod
     def own_op_adapter(cls) -> Any:

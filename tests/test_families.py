@@ -278,6 +278,29 @@ def test_core_modules_name_no_family():
     assert not hits, "\n".join(hits)
 
 
+def test_each_family_names_its_templates(capsys):
+    """A family's templates are found from the family: every shipped space renders a template its family declares,
+    and `evoengineer families` lists them."""
+    from evoengineer import families
+    from evoengineer.space.spec import shipped_spaces
+
+    for name in families.SHIPPED:
+        paths = families.find_family(name).template_paths()
+        assert paths and all(p.is_file() for p in paths), (name, paths)
+    for path in shipped_spaces():
+        space = load_space(path)
+        declared = [p.resolve() for p in families.family_class(space.task).template_paths()]
+        assert space.template_path in declared, (path.name, space.template_path)
+    for folder in ("row_softmax", "rmsnorm_cuda"):
+        space_file = next((ROOT / "examples" / "families" / folder).glob("*.toml"))
+        space = load_space(space_file)
+        cls = families.family_class(space.task, base_dir=space_file.parent)
+        assert [p.resolve() for p in cls.template_paths()] == [space.template_path]
+    assert main(["families"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa_hopper.cu.j2" in out and "msda.cpp.j2" in out and "missing" not in out
+
+
 STRIDED_FAMILY = '''
 import torch
 from evoengineer.family import Family, Signature, Tensor

@@ -182,6 +182,7 @@ class DecodeTask(AttentionTask):
     function = "decode_attention"
     binding_file = "binding.cpp"
     op_module, op_class, op_files = "op.py", "DecodeOp", ("../sdpa/attention_reference.py",)
+    templates = ("cuda/decode.cu.j2",)
 
     shape_cls = DecodeShape
     inputs_fn = staticmethod(make_inputs)

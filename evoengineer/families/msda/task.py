@@ -327,6 +327,7 @@ class MSDATask(Family):
     binding_file = "binding.cpp"
     #: the exported op: its adapter (torch only) and the files it needs, copied into an exported package
     op_module, op_class, op_files = "op.py", "MsdaOp", ("reference.py",)
+    templates = ("cuda/msda.cu.j2", "cuda/msda_classic.cu.j2", "cpu/msda.cpp.j2")
 
     def setup(self):
         sig = self.constants

@@ -284,6 +284,7 @@ class SDPATask(AttentionTask):
     function = "scaled_dot_product_attention"
     binding_file = "binding.cpp"
     op_module, op_class, op_files = "op.py", "SdpaOp", ("attention_reference.py",)
+    templates = ("cuda/sdpa.cu.j2", "cuda/sdpa_hopper.cu.j2")
     fp8_needs_fp16_q = True
     shape_cls = SDPAShape
     inputs_fn = staticmethod(make_inputs)

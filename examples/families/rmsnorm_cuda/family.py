@@ -26,6 +26,7 @@ class RMSNorm(Family):
     """Row-wise RMSNorm of a [rows, HIDDEN] tensor with a [HIDDEN] weight, fp32 accumulation."""
 
     name = "rmsnorm"
+    templates = ("rmsnorm.cu.j2",)
     version = "1"
     entry = "evo_rmsnorm_forward"
 

@@ -14,6 +14,7 @@ from evoengineer.family import Family, Scalar, Signature, Tensor
 
 class RowSoftmax(Family):
     name = "row_softmax"
+    templates = ("row_softmax.cpp.j2",)
     version = "1"
     entry = "evo_row_softmax"
 
