@@ -1,7 +1,8 @@
 """Parallel, cached builds of candidates through torch.utils.cpp_extension.
 
-The family's torch binding is compiled once per toolchain; each candidate compiles only its kernel and a tiny shim
-and links against it. Results (successes and deterministic failures) are cached by candidate hash + toolchain, so
+The family's torch binding is compiled once per toolchain (beside the first candidates' compiles); each candidate
+compiles its kernel once (CUDA: one `nvcc -c`, whose ptxas report is the static gate's) and a tiny shim, and links
+against it. Builds asked for now go before builds asked for ahead. Results (successes and deterministic failures) are cached by candidate hash + toolchain, so
 a repeat or a resumed run builds nothing.
 """
 
@@ -13,6 +14,7 @@ import multiprocessing
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from typing import Any
 
 from evoengineer import TEMPLATES_DIR
 from evoengineer.compiler import steps
+from evoengineer.compiler.build_queue import BuildQueue
 from evoengineer.compiler.toolchain import toolchain
 from evoengineer.candidate import Candidate
 from evoengineer.family import BindingSource
@@ -83,6 +86,10 @@ class Builder:
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None
+        self._binding_started = False
+        self.session = uuid.uuid4().hex[:12]  # a binding failure is remembered for this builder's session only
+        # the builder's own queue in front of the process pool: builds asked for now before builds asked for ahead
+        self.queue = BuildQueue(self.jobs, self._start_job, self._finish_job)
         # submit may be called from several threads (a Dask build worker runs one build task per thread)
         self._lock = threading.RLock()
 
@@ -152,15 +159,18 @@ class Builder:
         with self._lock:
             return self._find_binding()
 
+    def _binding_job(self) -> dict[str, Any]:
+        key = self._binding_key()
+        name = f"evo_binding_{key}"
+        return {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source_text": self._binding().text,
+                "include": str(BINDING_INCLUDE), "session": self.session,
+                "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
+                "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
+
     def _find_binding(self) -> dict[str, Any]:
         if self._built_binding is None:
-            key = self._binding_key()
-            name = f"evo_binding_{key}"
-            job = {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source_text": self._binding().text,
-                   "include": str(BINDING_INCLUDE),
-                   "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
-                   "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
-            so = Path(job["dir"]) / f"{name}.so"
+            job = self._binding_job()
+            so = Path(job["dir"]) / f"{job['name']}.so"
             with steps.dir_lock(Path(job["dir"])):  # another process may be linking it right now
                 found = so.exists()
             if found:
@@ -174,57 +184,77 @@ class Builder:
                                            "reason": "builder process died building the binding"}
         return self._built_binding
 
+    def _start_binding(self) -> None:
+        """Start building the family binding on one builder process, beside the first candidates' compiles (they
+        need it only to link, and wait for it there): once per builder, a no-op when it is cached."""
+        if self._binding_started:
+            return
+        self._binding_started = True
+        job = self._binding_job()
+        if (Path(job["dir"]) / f"{job['name']}.so").exists():
+            return
+        self.queue.take_slot()
+        self._executor().submit(steps.safe, steps.build_binding, job).add_done_callback(
+            lambda f: self.queue.release_slot())
+
     def _gate_job(self) -> dict[str, Any] | None:
         if self.space.backend != "cuda":
             return None
         return {"cuda_flags": list(self.space.cuda_flags), "arch": self.space.arch, "gates": dict(self.space.gates)}
 
-    def submit(self, candidate: Candidate) -> "Future[BuildResult]":
-        """Start building `candidate` (or answer from the cache at once)."""
-        done: Future[BuildResult] = Future()
+    def submit(self, candidate: Candidate, *, ahead: bool = False) -> "Future[BuildResult]":
+        """Start building `candidate` (or answer from the cache at once). `ahead`: a build for later (the next batch,
+        a speculative child): it waits while builds asked for now are queued. A candidate queued or building
+        already shares that build (asked for now, it moves up the queue)."""
         hit = self.cached(candidate)
         if hit is not None:
+            done: Future[BuildResult] = Future()
             done.set_result(hit)
             return done
-        binding = self.binding()
-        if binding["status"] != "ok":
-            done.set_result(BuildResult(status="build_error", reason=binding.get("reason", ""),
-                                        log=binding.get("log", "")))
-            return done
         k = self.key(candidate)
+        if not self.queue.queued(k):
+            with self._lock:
+                self._start_binding()
         name = f"evo_{k[:24]}"
         job = {"name": name, "entry": self.entry, "signature": self.signature,
                "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
-               "source": candidate.source, "binding_so": binding["so"], "cflags": self.cflags,
+               "source": candidate.source, "binding": self._binding_job(), "cflags": self.cflags,
                "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags, "arch": self.space.arch,
                "gate": self._gate_job()}
-        t0 = time.perf_counter()
+        return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
+
+    def drop_ahead(self, keep: "set[str] | frozenset[str]" = frozenset()) -> int:
+        """Forget the builds asked for ahead that have not started, except the candidates (hashes) in `keep`; their
+        futures are cancelled. Returns how many were dropped."""
+        return self.queue.drop_ahead(lambda payload: payload[0].hash in keep)
+
+    def _start_job(self, payload: tuple[Candidate, dict[str, Any], float]) -> Future:
         try:
-            inner = self._executor().submit(steps.safe, steps.build_candidate, job)
+            return self._executor().submit(steps.safe, steps.build_candidate, payload[1])
         except BrokenProcessPool:
             self._restart_pool()
-            inner = self._executor().submit(steps.safe, steps.build_candidate, job)
+            return self._executor().submit(steps.safe, steps.build_candidate, payload[1])
 
-        def finish(f: Future) -> None:
-            try:
-                r = f.result()
-            except BrokenProcessPool:
-                self._pool_broken = True  # replaced on the next submit, from the caller's thread
-                r = {"status": "build_error", "reason": "builder process died (a crash while loading a candidate?)",
-                     "build_s": time.perf_counter() - t0, "retry": True}
-            except Exception as exc:  # pragma: no cover - defensive
-                r = {"status": "build_error", "reason": f"{type(exc).__name__}: {exc}"}
-            result = BuildResult(status=r["status"], reason=r.get("reason", ""), so=r.get("so"),
-                                 module=name if r["status"] == "ok" else None, build_s=float(r.get("build_s", 0.0)),
-                                 log=r.get("log", ""), retry=bool(r.get("retry")), metrics=r.get("metrics", {}))
-            if result.status == "ok" or result.status in CACHED_FAILURES:
-                self._save(candidate, result)
-            done.set_result(result)
-
-        inner.add_done_callback(finish)
-        return done
+    def _finish_job(self, k: str, payload: tuple[Candidate, dict[str, Any], float], f: Future) -> BuildResult:
+        candidate, job, t0 = payload
+        try:
+            r = f.result()
+        except BrokenProcessPool:
+            self._pool_broken = True  # replaced on the next start
+            r = {"status": "build_error", "reason": "builder process died (a crash while loading a candidate?)",
+                 "build_s": time.perf_counter() - t0, "retry": True}
+        except Exception as exc:  # pragma: no cover - defensive
+            r = {"status": "build_error", "reason": f"{type(exc).__name__}: {exc}"}
+        result = BuildResult(status=r["status"], reason=r.get("reason", ""), so=r.get("so"),
+                             module=job["name"] if r["status"] == "ok" else None,
+                             build_s=float(r.get("build_s", 0.0)), log=r.get("log", ""), retry=bool(r.get("retry")),
+                             metrics=r.get("metrics", {}))
+        if result.status == "ok" or result.status in CACHED_FAILURES:
+            self._save(candidate, result)
+        return result
 
     def close(self) -> None:
+        self.queue.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -1,11 +1,14 @@
-"""Static gate: compile a CUDA candidate with ptxas verbose output and check registers, shared memory, spills.
+"""Static gate: the ptxas report (registers, shared memory, spills) of a CUDA candidate's one compile, and the check
+of the space's limits against it.
 
-Runs in about a second per candidate with nvcc alone (no torch headers, no GPU), before the full build.
+A candidate is compiled once (`compile_cuda`: `nvcc -c -Xptxas -v`, nvcc alone, no GPU): the object it writes is
+what the module links, and the report printed on the way is what the gate reads.
 """
 
 from __future__ import annotations
 
 import re
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -64,19 +67,36 @@ def nvcc_flags(cuda_flags: list[str], arch: str) -> list[str]:
 
 def ptxas_gate(source: Path, *, cuda_flags: list[str], arch: str, include_dirs: list[str] = (),
                timeout_s: float = 300) -> dict[str, Any]:
-    """Compile `source` to an object with ptxas -v. Returns status (ok | compile_error), reason and the report."""
-    nvcc = shutil.which("nvcc")
+    """Compile `source` to an object beside it with the space's flags alone. Returns status (ok | compile_error),
+    reason and the report."""
+    return compile_cuda(source, source.with_suffix(".gate.o"), flags=[*nvcc_flags(cuda_flags, arch),
+                                                                      *(f"-I{d}" for d in include_dirs)],
+                        timeout_s=timeout_s)
+
+
+def compile_cuda(source: Path, obj: Path, *, flags: list[str], nvcc: str | None = None,
+                 timeout_s: float = 300) -> dict[str, Any]:
+    """`nvcc -c -Xptxas -v` of `source` into `obj`: status (ok | compile_error | build_error), reason, the ptxas
+    report (worst case over the entry functions), the log and the compiler's CPU seconds."""
+    nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
         return {"status": "build_error", "reason": "nvcc not found on PATH"}
-    cmd = [nvcc, "-c", "-Xptxas", "-v", *nvcc_flags(cuda_flags, arch), *(f"-I{d}" for d in include_dirs),
-           str(source), "-o", str(source.with_suffix(".gate.o"))]
+    cmd = [nvcc, "-c", "-Xptxas", "-v", *flags, str(source), "-o", str(obj)]
+    before = _children_cpu()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "compile_error", "reason": f"nvcc ran over {timeout_s:g} s"}
+    cpu_s = _children_cpu() - before
     text = out.stdout + out.stderr
     if out.returncode != 0:
         errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()]
         return {"status": "compile_error", "reason": (errors[0] if errors else text.strip()[-300:])[:300],
-                "log": text[-4000:]}
-    return {"status": "ok", "report": parse_ptxas(text), "log": text[-4000:]}
+                "log": text[-4000:], "compile_cpu_s": cpu_s}
+    return {"status": "ok", "report": parse_ptxas(text), "log": text[-4000:], "compile_cpu_s": cpu_s}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (nvcc and everything it ran)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime

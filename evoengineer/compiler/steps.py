@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
 import re
+import resource
 import time
 import traceback
 from collections.abc import Iterator
@@ -108,19 +110,61 @@ def _build_binding(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # the binding itself is broken: every candidate of the family fails to build
         return {"status": "build_error", "reason": f"family binding failed to build: {_first_error(str(exc))}",
                 "log": _log_tail(str(exc))}
-    return {"status": "ok", "so": str(so), "build_s": time.perf_counter() - t0}
+    return {"status": "ok", "so": str(so), "build_s": time.perf_counter() - t0, "built": True}
 
 
 def build_candidate(job: dict[str, Any]) -> dict[str, Any]:
-    """Compile and link one candidate; import it once to prove it loads. Returns status, reason, log, build_s."""
+    """Compile and link one candidate; import it once to prove it loads. Returns status, reason, log, build_s, and
+    in its metrics the CPU seconds the build took (this process and its compilers; a binding built on the way
+    excluded)."""
+    cpu0 = _cpu_s()
     with dir_lock(Path(job["dir"])):
-        return _build_candidate(job)
+        r = _build_candidate(job)
+    metrics = r.setdefault("metrics", {})
+    metrics["build_cpu_s"] = round(_cpu_s() - cpu0 - metrics.pop("binding_cpu_s", 0.0), 3)
+    return r
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cuda_compile_flags(job: dict[str, Any]) -> list[str]:
+    """nvcc flags for a candidate's kernel object, as cpp_extension would compile it (its common nvcc flags, -fPIC,
+    the torch and Python include folders, the space's target and flags), so the object and its ptxas report are
+    those of the module the search measures and an exported package rebuilds."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    from evoengineer.compiler.gate import nvcc_flags
+
+    cuda_flags = list(job.get("cuda_cflags") or [])
+    flags = [*cpp_extension.COMMON_NVCC_FLAGS, "-Xcompiler", "-fPIC", *nvcc_flags(cuda_flags, job["arch"])]
+    if not any(f.startswith(("-std=", "--std")) for f in flags):
+        flags.append("-std=c++17")
+    for inc in [*cpp_extension.include_paths(), sysconfig.get_path("include", scheme="posix_prefix")]:
+        flags += ["-isystem", inc]
+    if os.environ.get("CC"):
+        flags = ["-ccbin", os.environ["CC"], *flags]
+    return flags
+
+
+def _nvcc() -> str | None:
+    from torch.utils import cpp_extension
+
+    home = getattr(cpp_extension, "CUDA_HOME", None)
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return None  # compile_cuda looks on PATH
 
 
 def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
 
-    from evoengineer.compiler.gate import check_gates, ptxas_gate
+    from evoengineer.compiler.gate import check_gates, compile_cuda
 
     _set_arch(job)
     out_dir = Path(job["dir"])
@@ -130,25 +174,36 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     _write_if_changed(kernel, job["source"])
     metrics: dict[str, Any] = {}
     t0 = time.perf_counter()
-    if job.get("gate") is not None:  # CUDA: ptxas report first, a second instead of a full build
-        g = job["gate"]
-        gate = ptxas_gate(kernel, cuda_flags=g["cuda_flags"], arch=g["arch"])
-        if gate["status"] != "ok":
-            return {**gate, "build_s": time.perf_counter() - t0}
-        metrics = gate["report"]
-        broken = check_gates(metrics, g["gates"])
+    sources, objects = [str(kernel)], []
+    if job["suffix"] == ".cu":
+        # one compile: the object the module links, and on the way the ptxas report the gate reads
+        obj = out_dir / "kernel.o"
+        compiled = compile_cuda(kernel, obj, flags=cuda_compile_flags(job), nvcc=_nvcc())
+        if compiled["status"] != "ok":
+            return {**compiled, "build_s": time.perf_counter() - t0}
+        metrics = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
+        broken = check_gates(metrics, (job.get("gate") or {}).get("gates", {}))
         if broken:
-            return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": gate.get("log", ""),
+            return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
                     "build_s": time.perf_counter() - t0}
+        sources, objects = [], [str(obj)]
     shim = out_dir / "shim.cpp"
     _write_if_changed(shim, shim_source(name, entry, job["signature"]))
-    binding_dir = str(Path(job["binding_so"]).parent)
-    ldflags = [*job.get("ldflags", []), f"-L{binding_dir}", f"-l:{Path(job['binding_so']).name}",
+    cpu_before = _cpu_s()
+    binding = _binding_for(job)
+    if binding.get("built"):
+        metrics["binding_cpu_s"] = _cpu_s() - cpu_before
+    if binding["status"] != "ok":
+        return {**binding, "build_s": time.perf_counter() - t0, "metrics": metrics}
+    binding_dir = str(Path(binding["so"]).parent)
+    ldflags = [*objects, *job.get("ldflags", []), f"-L{binding_dir}", f"-l:{Path(binding['so']).name}",
                f"-Wl,-rpath,{binding_dir}", "-Wl,--no-undefined"]
     try:
-        cpp_extension.load(name=name, sources=[str(kernel), str(shim)], extra_cflags=job["cflags"],
+        # a CUDA candidate hands cpp_extension its object and the shim: only the shim is compiled here
+        cpp_extension.load(name=name, sources=[*sources, str(shim)], extra_cflags=job["cflags"],
                            extra_cuda_cflags=job.get("cuda_cflags"), extra_ldflags=ldflags,
-                           build_directory=str(out_dir), is_python_module=True, verbose=False)
+                           build_directory=str(out_dir), is_python_module=True, verbose=False,
+                           with_cuda=job["suffix"] == ".cu")
     except ImportError as exc:
         return {"status": "link_error", "reason": f"does not load: {str(exc)[:300]}", "log": str(exc),
                 "build_s": time.perf_counter() - t0, "metrics": metrics}
@@ -167,6 +222,21 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     if not so.exists():
         return {"status": "build_error", "reason": f"{so.name} missing after build", "build_s": build_s}
     return {"status": "ok", "so": str(so), "build_s": build_s, "metrics": metrics}
+
+
+def _binding_for(job: dict[str, Any]) -> dict[str, Any]:
+    """The family binding a candidate links: built by whichever build of this session gets its folder's lock first
+    (the others wait there, their kernels already compiled), found by the rest. A failure is noted in the folder
+    for this session only, so the other candidates report it instead of building it again."""
+    b = job["binding"]
+    with dir_lock(Path(b["dir"])):
+        failed = Path(b["dir"]) / f"failed-{b['session']}.json"
+        if failed.exists():
+            return json.loads(failed.read_text())
+        r = _build_binding(b)
+        if r["status"] != "ok":
+            failed.write_text(json.dumps({k: r[k] for k in ("status", "reason", "log") if k in r}))
+        return r
 
 
 def load_module(so_path: str, name: str):
@@ -198,4 +268,5 @@ def builder_init() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MAX_JOBS", "1")
+    importlib.import_module("torch.utils.cpp_extension")  # once per process, not in the first build's time
     exit_with_parent(poll_s=2.0)

@@ -80,6 +80,12 @@ class Evaluator(ABC):
         share; None when this evaluator does not say."""
         return None
 
+    def build_stats(self) -> dict[str, float] | None:
+        """Builds of this process: {"build_s": builder seconds of the candidates built (cache hits excluded),
+        "builds": their number, "wait_s": seconds a batch had nothing built to measure}; None when this evaluator
+        does not build or does not say."""
+        return None
+
     def utilization_by_device(self) -> dict[str, float] | None:
         """Seconds each measuring device (by name) was busy so far, where there are several; None when this
         evaluator does not say."""

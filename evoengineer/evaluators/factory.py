@@ -13,6 +13,7 @@ from evoengineer.space.spec import SearchSpace
 
 if TYPE_CHECKING:
     from evoengineer.evaluators.cluster import ClusterOptions
+    from evoengineer.evaluators.replay import BuildTimeModel
 
 
 def replay_delay() -> float:
@@ -34,6 +35,26 @@ def replay_log() -> str | None:
     if path is not None and Path(path).is_dir():
         raise UserError(f"EVOENGINEER_REPLAY_LOG={path}: is a directory, not a file to append to")
     return path
+
+
+def replay_builds() -> "BuildTimeModel | None":
+    """EVOENGINEER_REPLAY_BUILDS="SLOTSxSECONDS" (e.g. 15x1.5; SECONDS may be "recorded": the landscape's build_s
+    column, 0 where missing): a replay builds (simulated) on SLOTS slots as a local search would, builds ahead
+    included. Unset: no builds, each candidate answered at once."""
+    from evoengineer.evaluators.replay import BuildTimeModel
+
+    text = os.environ.get("EVOENGINEER_REPLAY_BUILDS", "").strip()
+    if not text:
+        return None
+    slots, sep, seconds = text.partition("x")
+    try:
+        if not sep:
+            raise ValueError
+        recorded = seconds == "recorded"
+        return BuildTimeModel(int(slots), 0.0 if recorded else float(seconds), recorded=recorded)
+    except ValueError:
+        raise UserError(f"EVOENGINEER_REPLAY_BUILDS={text!r}: expected SLOTSxSECONDS (e.g. 15x1.5 or 15xrecorded), "
+                        "slots >= 1, seconds >= 0") from None
 
 
 def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> Evaluator:
@@ -61,7 +82,8 @@ def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, se
             inner = _local_description(space, seed, build_jobs, cache_dir)
         return _on_cluster(space, inner, cluster)
     if landscape is not None:
-        return ReplayEvaluator(landscape, space, delay_s=replay_delay(), log_path=replay_log())
+        return ReplayEvaluator(landscape, space, delay_s=replay_delay(), log_path=replay_log(),
+                               builds=replay_builds())
     return _local(space, seed, build_jobs, cache_dir)
 
 
@@ -106,7 +128,7 @@ def evaluator_for_resume(space: SearchSpace, described: dict[str, Any],
         path = described["landscape"]
         if not Path(path).exists():
             raise UserError(f"{path}: the run's landscape file is gone")
-        ev = ReplayEvaluator(path, space, delay_s=replay_delay(), log_path=replay_log())
+        ev = ReplayEvaluator(path, space, delay_s=replay_delay(), log_path=replay_log(), builds=replay_builds())
         if ev.landscape.sha256 != described.get("landscape_sha256"):
             raise UserError(f"{path}: landscape changed since the run started; resuming would mix measurements")
         return ev

@@ -10,14 +10,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import Future, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Sequence
 
 from evoengineer import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.candidate import Candidate
-from evoengineer.evaluators.base import Evaluator, Measurement
+from evoengineer.evaluators.base import Measurement
+from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming
 from evoengineer.space.spec import SearchSpace
 from evoengineer.tasks.base import get_task
@@ -132,8 +133,9 @@ class WorkerProcess:
             pass
 
 
-class LocalEvaluator(Evaluator):
-    """Builds candidates (parallel, cached) and measures them one at a time in a replaceable worker."""
+class LocalEvaluator(BuildAheadEvaluator):
+    """Builds candidates (parallel, cached, ahead of the batch that asks for them) and measures them one at a time
+    in a replaceable worker."""
 
     kind = "local"
 
@@ -151,19 +153,45 @@ class LocalEvaluator(Evaluator):
         self.workers_started = 0
         self.busy_s = 0.0  # time the device spent on candidates (checks, timing, baselines), for the busy share
         self._baseline_builds: list[dict[str, str]] | None = None
+        self._baseline_futures: dict[str, tuple[str, Future[BuildResult]]] | None = None
+        self._starting: Future[WorkerProcess] | None = None  # the first worker, started beside the first builds
+        self._init_pipeline()
+
+    def _submit_baselines(self) -> dict[str, tuple[str, "Future[BuildResult]"]]:
+        """Ask for the family's baseline kernels (cached like candidates) before anything else is built."""
+        if self._baseline_futures is None:
+            from evoengineer.candidate import fixed_candidate
+
+            self._baseline_futures = {name: (template, self.builder.submit(fixed_candidate(self.space, template, name)))
+                                      for name, template in self.task.baseline_kernels().items()}
+        return self._baseline_futures
 
     def _baselines(self) -> list[dict[str, str]]:
-        """Build the family's baseline kernels once (cached like candidates); the worker times them."""
+        """The built baseline kernels; the worker times them."""
         if self._baseline_builds is None:
             from evoengineer.candidate import fixed_candidate
 
-            self._baseline_builds = []
-            for name, template in self.task.baseline_kernels().items():
-                r = self.builder.submit(fixed_candidate(self.space, template, name)).result()
+            builds = []
+            for name, (template, f) in self._submit_baselines().items():
+                r = f.result()
+                if r.retry:
+                    r = self.builder.submit(fixed_candidate(self.space, template, name)).result()
                 if r.status != "ok":
                     raise WorkerFailure("build_error", f"baseline {name} ({template}) failed: {r.status}: {r.reason}")
-                self._baseline_builds.append({"name": name, "so": r.so, "module": r.module})
+                builds.append({"name": name, "so": r.so, "module": r.module})
+            self._baseline_builds = builds
         return self._baseline_builds
+
+    def _start_early(self) -> None:
+        """Before the first batch's builds: the baselines' builds first in the queue, and the measuring worker's
+        start (torch import, device context, baseline checks) on a thread beside the builds, so the first
+        measurement waits only for the first build."""
+        if self._starting is not None or self.worker is not None:
+            return
+        self._submit_baselines()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="evo-worker-start")
+        self._starting = pool.submit(self._new_worker)
+        pool.shutdown(wait=False)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "seed": self.seed, "build_jobs": self.builder.jobs, "cache_dir": str(self.cache_dir),
@@ -173,14 +201,23 @@ class LocalEvaluator(Evaluator):
         return {"toolchain": self.builder.toolchain}
 
     # ---- worker lifecycle -------------------------------------------------------------------------------------------
+    def _new_worker(self) -> WorkerProcess:
+        self.workers_started += 1
+        init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
+                "seed": self.seed * 1000 + self.workers_started, "baselines": self._baselines()}
+        return WorkerProcess(init, float(self.settings["init_timeout_s"]))
+
     def _worker(self) -> WorkerProcess:
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
+            try:
+                self.worker = starting.result()
+            except Exception:
+                self.worker = None  # started again below, where its failure reaches the candidate
         if self.worker is None or not self.worker.alive():
             if self.worker is not None:
                 self.worker.close()
-            self.workers_started += 1
-            init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
-                    "seed": self.seed * 1000 + self.workers_started, "baselines": self._baselines()}
-            self.worker = WorkerProcess(init, float(self.settings["init_timeout_s"]))
+            self.worker = self._new_worker()
         return self.worker
 
     def measure(self, candidate: Candidate, build: BuildResult) -> Measurement:
@@ -276,35 +313,22 @@ class LocalEvaluator(Evaluator):
                         baseline_p50_us=base["p50_per_round"], order=reply["order"],
                         notes={**notes, "cache": reply["cache"]})
 
-    # ---- the evaluator interface --------------------------------------------------------------------------------
-    def evaluate(self, candidate: Candidate) -> Measurement:
-        return next(iter(self.evaluate_many([candidate])))[1]
+    # ---- the evaluator interface (evaluate, evaluate_many, prefetch: BuildAheadEvaluator) -----------------------
+    def builds_beside_measurements(self) -> bool:
+        # CPU kernels time on the cores the compilers would take: nothing is built beside a measurement
+        return self.space.backend != "cpu"
 
-    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
-        candidates = list(candidates)
-        futures: dict[Future, Candidate] = {self.builder.submit(c): c for c in candidates}
-        if self.space.backend == "cpu":
-            # CPU timing shares the cores with the compilers: finish every build before measuring anything.
-            for f in futures:
-                f.result()
-        retried: set[str] = set()
-        pending = dict(futures)
-        while pending:
-            for f in as_completed(list(pending)):
-                c = pending.pop(f)
-                build = f.result()
-                if build.retry and c.hash not in retried:
-                    retried.add(c.hash)
-                    pending[self.builder.submit(c)] = c
-                    continue
-                if build.status != "ok":
-                    yield c, Measurement(build.status, build.reason,
-                                         {**build.metrics, "build_s": build.build_s, "build_cached": build.cached})
-                else:
-                    yield c, self.measure(c, build)
-                break  # re-enter as_completed with the current pending set
+    def before_batch(self) -> None:
+        if self.space.backend != "cpu":
+            self._start_early()
 
     def close(self) -> None:
+        if self._starting is not None:
+            try:
+                self.worker = self._starting.result()
+            except Exception:
+                pass
+            self._starting = None
         if self.worker is not None:
             self.worker.close()
             self.worker = None

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import math
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
-from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
+from evoengineer.compiler.build_queue import BuildQueue
+from evoengineer.evaluators.base import METRICS, OK, STATUSES, Measurement
+from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming, round_robin
 from evoengineer.space.spec import SearchSpace, canonical_text
 
@@ -117,20 +122,108 @@ class Landscape:
                             f"({len(missing)} of {self.space.count_valid()} valid configurations missing)")
 
 
-class ReplayEvaluator(Evaluator):
-    """Answers each candidate from a landscape file: deterministic, instant, no device."""
+BUILD_FAILURES = ("compile_error", "gate_failed", "build_error", "link_error")
+
+
+class BuildTimeModel:
+    """How long a replayed candidate's build takes: `seconds` each, or the landscape's recorded `build_s` where it has
+    one (`seconds` otherwise); `slots` builds at a time; every duration times `scale` (to replay fast)."""
+
+    def __init__(self, slots: int, seconds: float, *, recorded: bool = False, scale: float = 1.0):
+        if slots < 1 or not (math.isfinite(seconds) and seconds >= 0) or not (math.isfinite(scale) and scale > 0):
+            raise ValueError("BuildTimeModel: slots >= 1, seconds >= 0 and scale > 0")
+        self.slots, self.seconds, self.recorded, self.scale = slots, seconds, recorded, scale
+
+    def duration(self, recorded: Measurement) -> float:
+        t = recorded.metrics.get("build_s") if self.recorded else None
+        return (t if isinstance(t, float) and math.isfinite(t) and t >= 0 else self.seconds) * self.scale
+
+
+class SimulatedBuilder:
+    """Builds of a replay under a build-time model: the real builder's queue (now before ahead, a fixed number of
+    slots), a timer instead of a compiler; the landscape's build failures are the builds' verdicts."""
+
+    def __init__(self, landscape: Landscape, model: BuildTimeModel):
+        self.landscape, self.model = landscape, model
+        self.queue = BuildQueue(model.slots, self._start, self._finish)
+        self.started: list[str] = []  # hashes, in the order their builds started
+        self.built: dict[str, Any] = {}  # the build cache: hash -> BuildResult
+
+    def submit(self, candidate: Candidate, *, ahead: bool = False) -> Future:
+        hit = self.built.get(candidate.hash)
+        if hit is not None:
+            done: Future = Future()
+            done.set_result(dataclasses.replace(hit, build_s=0.0, cached=True))
+            return done
+        return self.queue.submit(candidate.hash, candidate, ahead=ahead)
+
+    def drop_ahead(self, keep: set[str]) -> int:
+        return self.queue.drop_ahead(lambda c: c.hash in keep)
+
+    def _start(self, candidate: Candidate) -> Future:
+        self.started.append(candidate.hash)
+        done: Future = Future()
+        t = threading.Timer(self.model.duration(self.landscape.lookup(candidate.params)), done.set_result, (None,))
+        t.daemon = True
+        t.start()
+        return done
+
+    def _finish(self, key: str, candidate: Candidate, f: Future) -> Any:
+        from evoengineer.compiler.builder import BuildResult
+
+        m = self.landscape.lookup(candidate.params)
+        build_s = self.model.duration(m)
+        if m.status in BUILD_FAILURES:
+            result = BuildResult(status=m.status, reason=m.reason, build_s=build_s)
+        else:
+            result = BuildResult(status="ok", build_s=build_s)
+        self.built[key] = result
+        return result
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class ReplayEvaluator(BuildAheadEvaluator):
+    """Answers each candidate from a landscape file: deterministic, instant, no device. With a build-time model
+    (`builds`), candidates are built (simulated) and measured as the local evaluator does: the batch's builds at
+    once, builds ahead behind them."""
 
     kind = "replay"
 
     def __init__(self, landscape: str | Path, space: SearchSpace, *, check: bool = True, delay_s: float = 0.0,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, builds: BuildTimeModel | None = None):
         self.landscape = Landscape(landscape, space)
         self.space = space
         self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
         self.log_path = Path(log_path) if log_path else None  # audit trail: one line per measurement asked for
         self.busy_s = 0.0  # simulated device time spent
+        self.builder = SimulatedBuilder(self.landscape, builds) if builds is not None else None
+        self._init_pipeline()
         if check:
             self.landscape.check_covers()
+
+    def wants_prefetch(self, certain: bool) -> bool:
+        return self.builder is not None
+
+    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
+        if self.builder is not None:
+            yield from super().evaluate_many(candidates)
+        else:
+            for c in candidates:
+                yield c, self.evaluate(c)
+
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        if self.builder is None:
+            return self.measure(candidate, None)
+        return next(iter(super().evaluate_many([candidate])))[1]
+
+    def build_stats(self) -> dict[str, float] | None:
+        return super().build_stats() if self.builder is not None else None
+
+    def close(self) -> None:
+        if self.builder is not None:
+            self.builder.close()
 
     def utilization(self) -> tuple[float, int]:
         return self.busy_s, 1
@@ -138,7 +231,7 @@ class ReplayEvaluator(Evaluator):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "landscape": str(self.landscape.path), "landscape_sha256": self.landscape.sha256}
 
-    def evaluate(self, candidate: Candidate) -> Measurement:
+    def measure(self, candidate: Candidate, build: Any) -> Measurement:
         if self.delay_s > 0:
             time.sleep(self.delay_s)
             self.busy_s += self.delay_s

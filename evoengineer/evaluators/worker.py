@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -274,19 +275,29 @@ class Session:
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         from evoengineer.compiler.steps import load_module
 
+        t0 = time.perf_counter()
         try:
             module = load_module(msg["so"], msg["module"])
         except ImportError as exc:
             return {"status": "link_error", "reason": f"does not load: {exc}"[:400], "metrics": {}}
-        return self.evaluate_module(module, msg["hash"])
+        reply = self.evaluate_module(module, msg["hash"])
+        reply["metrics"].setdefault("worker_s", {})["load"] = round(time.perf_counter() - t0
+                                                                    - sum(reply["metrics"]["worker_s"].values()), 4)
+        return reply
 
     def evaluate_module(self, module: Any, candidate_hash: str) -> dict[str, Any]:
         """Check, then time, one loaded candidate; the reply the parent records."""
-        metrics: dict[str, Any] = {}
+        # where the worker's time goes, per phase (seconds): checks, timed runs (with their own checks), baselines
+        phases: dict[str, float] = {}
+        metrics: dict[str, Any] = {"worker_s": phases}
+        t0 = time.perf_counter()
         try:
             max_abs, max_rel, extra = self.check(module, candidate_hash)
             metrics.update(max_abs_err=max_abs, max_rel_err=max_rel, **extra)
+            t1 = time.perf_counter()
+            phases["check"] = round(t1 - t0, 4)
             per_shape = self.timed_runs(module, candidate_hash)
+            phases["timing"] = round(time.perf_counter() - t1, 4)
         except Rejected as r:
             return {"status": "wrong", "reason": r.reason, "metrics": metrics}
         finally:
@@ -299,10 +310,12 @@ class Session:
                                    "checked_calls": t["checked_calls"],
                                    "fingerprinted_calls": t["fingerprinted_calls"]}
                                for n, t in per_shape.items()})
+        t2 = time.perf_counter()
         try:
             base = self._baselines()
         finally:
             self._restore_inputs()
+        phases["baselines"] = round(time.perf_counter() - t2, 4)
         if base:
             first = next(iter(base))
             metrics["baseline"] = first

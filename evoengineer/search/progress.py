@@ -47,6 +47,18 @@ class ProgressPrinter:
         wall = max(1e-9, time.monotonic() - self.t0)
         return " | per GPU: " + ", ".join(f"{name} {min(1.0, s / wall):.0%}" for name, s in per.items())
 
+    def _builds(self, runner: Any) -> str:
+        """At the end of a run: builder seconds per candidate built and the share of the run the device waited on
+        builds."""
+        stats = runner.evaluator.build_stats()
+        if not stats:
+            return ""
+        wall = max(1e-9, time.monotonic() - self.t0)
+        per = f"{stats['build_s'] / stats['builds']:.2f} s/candidate" if stats["builds"] else "all cached"
+        if runner.space.backend != "cuda":  # CPU spaces build before measuring: the cores never wait on builds
+            return f" | builds {per}"
+        return f" | builds {per} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
+
     def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
         if not self.per_evaluation:
             return
@@ -66,6 +78,7 @@ class ProgressPrinter:
         line += self._throughput(runner)
         if "stop" in stats:
             line += self._per_device(runner)
+            line += self._builds(runner)
             line += f" | stopped: {stats['stop']}"
         self._print(line)
         elites = [runner.records[h] for h in runner.elite_hashes]
