@@ -258,6 +258,10 @@ def safe(fn, job: dict[str, Any]) -> dict[str, Any]:
                 "log": traceback.format_exc()}
 
 
+#: how much lower than the search's own processes the builders run (nice)
+BUILDER_NICENESS = 5
+
+
 def builder_init() -> None:
     """Builder processes ignore Ctrl-C (the parent handles it), keep ninja's parallelism modest, and leave when
     their parent is gone (a pool's processes would otherwise wait for work forever, e.g. under a Dask worker that
@@ -268,5 +272,11 @@ def builder_init() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MAX_JOBS", "1")
+    # builds yield the CPU to the measuring worker and the search (the GPU is what must not wait); compilers
+    # started from here inherit it
+    try:
+        os.nice(BUILDER_NICENESS)
+    except OSError:
+        pass
     importlib.import_module("torch.utils.cpp_extension")  # once per process, not in the first build's time
     exit_with_parent(poll_s=2.0)

@@ -35,6 +35,7 @@ class BuildAheadEvaluator(Evaluator):
         self.wait_s = 0.0  # time a batch had nothing built to measure (the device waiting on builds)
         self.build_s = 0.0  # builder seconds of the candidates built (not cached) here
         self.builds = 0
+        self.built_ahead = 0  # candidates whose build was started ahead of their batch (a prefetch hint hit)
         self._ahead: dict[str, Future] = {}  # hash -> build asked for ahead
 
     @abstractmethod
@@ -67,6 +68,7 @@ class BuildAheadEvaluator(Evaluator):
     def _build_future(self, c: Candidate) -> Future:
         f = self._ahead.pop(c.hash, None)
         if f is not None and not f.cancelled():
+            self.built_ahead += 1
             return f if f.done() else self.builder.submit(c)  # not done: the same build, moved up the queue
         return self.builder.submit(c)
 
@@ -105,4 +107,4 @@ class BuildAheadEvaluator(Evaluator):
                 break  # re-enter as_completed with the current pending set
 
     def build_stats(self) -> dict[str, float]:
-        return {"build_s": self.build_s, "builds": self.builds, "wait_s": self.wait_s}
+        return {"build_s": self.build_s, "builds": self.builds, "wait_s": self.wait_s, "built_ahead": self.built_ahead}

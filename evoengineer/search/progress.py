@@ -57,7 +57,8 @@ class ProgressPrinter:
         per = f"{stats['build_s'] / stats['builds']:.2f} s/candidate" if stats["builds"] else "all cached"
         if runner.space.backend != "cuda":  # CPU spaces build before measuring: the cores never wait on builds
             return f" | builds {per}"
-        return f" | builds {per} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
+        ahead = f", {stats['built_ahead']} started ahead" if stats.get("built_ahead") else ""
+        return f" | builds {per}{ahead} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
 
     def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
         if not self.per_evaluation:

@@ -156,7 +156,8 @@ class SearchSpace:
     def valid_genomes(self) -> list[tuple[int, ...]]:
         """Every genome meeting the constraints, in lexicographic order (cached)."""
         if self._valid is None:
-            self._valid = list(self._enumerate())
+            levels = self._enumerate_by_level()
+            self._valid = levels if levels is not None else list(self._enumerate())
         return self._valid
 
     def count_valid(self) -> int:
@@ -166,6 +167,58 @@ class SearchSpace:
         rng = rng or random
         valid = self.valid_genomes()
         return list(valid[rng.randrange(len(valid))])
+
+    def _constraint_levels(self) -> tuple[list[list[Expression]], list[list[int]]]:
+        """Each constraint checked at the depth of its last-bound name; the depths (genes) each depth's checks
+        read."""
+        depth_of = {n: i for i, n in enumerate(self.names)}
+        checks: list[list[Expression]] = [[] for _ in self.names]
+        for c in self.constraints:
+            depths = [depth_of[n] for n in c.names if n in depth_of]
+            checks[max(depths) if depths else 0].append(c)
+        deps = [sorted({depth_of[n] for c in cs for n in c.names if n in depth_of}) for cs in checks]
+        return checks, deps
+
+    def _enumerate_by_level(self) -> list[tuple[int, ...]] | None:
+        """The valid genomes in lexicographic order, built a gene at a time over every valid prefix at once (numpy
+        rows; many times faster than the depth-first walk for spaces of 10^6 configurations). A depth's checks read
+        only some genes: their verdict is computed once per combination of those. None when the prefixes of some
+        depth would outgrow the enumeration limit (the depth-first walk then decides)."""
+        import numpy as np
+
+        if not self.names:
+            return []
+        checks, deps = self._constraint_levels()
+        env: dict[str, Value] = dict(self.signature)
+        prefixes = np.zeros((1, 0), dtype=np.int32)
+        for d, p in enumerate(self.parameters):
+            n = len(p.values)
+            earlier = [k for k in deps[d] if k < d]
+            if not checks[d]:
+                allowed, key_of_row = np.ones((1, n), dtype=bool), np.zeros(len(prefixes), dtype=np.int64)
+            else:
+                # one key per combination of the earlier genes the checks read, and its verdict for each value
+                radix = [len(self.parameters[k].values) for k in earlier]
+                weights = np.array([math.prod(radix[j + 1:]) for j in range(len(earlier))], dtype=np.int64)
+                codes = prefixes[:, earlier].astype(np.int64) @ weights
+                keys, key_of_row = np.unique(codes, return_inverse=True)
+                key_of_row = key_of_row.reshape(-1)
+                allowed = np.zeros((len(keys), n), dtype=bool)
+                for r, code in enumerate(keys.tolist()):
+                    for k, w, m in zip(earlier, weights.tolist(), radix):
+                        q = self.parameters[k]
+                        env[q.name] = q.values[(code // w) % m]
+                    for i, v in enumerate(p.values):
+                        env[p.name] = v
+                        allowed[r, i] = all(_holds(c, env) for c in checks[d])
+            mask = allowed[key_of_row]  # rows x values, row-major: each prefix, then its values in order
+            if int(mask.sum()) > 4 * ENUMERATION_LIMIT:
+                return None
+            rows, values = np.nonzero(mask)
+            prefixes = np.concatenate([prefixes[rows], values[:, None].astype(np.int32)], axis=1)
+        if len(prefixes) > ENUMERATION_LIMIT:
+            raise UserError(f"space {self.name!r} has more than {ENUMERATION_LIMIT} valid configurations")
+        return list(map(tuple, prefixes.tolist()))
 
     def _enumerate(self) -> Iterator[tuple[int, ...]]:
         # Depth-first over parameters in order; each constraint is checked as soon as its last name is bound,

@@ -118,7 +118,8 @@ def compile_costs(a: argparse.Namespace) -> int:
 
 PROGRESS = re.compile(r"^\s*(?P<head>gen \d+|done) \|.*\| (?P<t>[\d.]+)s(?: \| (?P<rate>\d+)/min \| GPU busy "
                       r"(?P<busy>\d+)% of \d+)?")
-BUILDS = re.compile(r"builds (?P<per>[\d.]+) s/candidate \| GPU waited on builds (?P<wait>\d+)%")
+BUILDS = re.compile(r"builds (?P<per>[\d.]+) s/candidate(?:, (?P<ahead>\d+) started ahead)? \| "
+                    r"GPU waited on builds (?P<wait>\d+)%")
 
 
 def one_search(seed: int, work: Path) -> dict:
@@ -166,6 +167,7 @@ def one_search(seed: int, work: Path) -> dict:
             "gpu_busy": int(done["busy"]) / 100 if done and done["busy"] else None,
             "build_s_per_candidate": float(b["per"]) if b else None,
             "gpu_waited_on_builds": int(b["wait"]) / 100 if b else None,
+            "built_ahead": int(b["ahead"]) if b and b["ahead"] else 0,
             "statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
             "measure_s_mean": round(statistics.mean(measure), 4) if measure else None,
             "worker_s_mean": {k: round(statistics.mean(v), 4) for k, v in phases.items()},
@@ -180,14 +182,15 @@ def searches(a: argparse.Namespace) -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
     lines = ["| seed | command s | evaluations | /min (command) | /min (progress) | GPU busy | first generation s | "
-             "build s/candidate (wall) | build CPU s/candidate | GPU waited on builds | worker s per candidate "
+             "build s/candidate (wall) | build CPU s/candidate | built ahead | GPU waited on builds | worker s per candidate "
              "(load / check / timing / baselines) | measure s (parent) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         w = r["worker_s_mean"]
         lines.append(f"| {r['seed']} | {r['command_s']} | {r['evaluations']} | {r['per_min_command']} | "
                      f"{r['progress_per_min']} | {r['gpu_busy']} | {r['first_generation_s']} | "
-                     f"{r['build_s_per_candidate']} | {r['build_cpu_s_mean']} | {r['gpu_waited_on_builds']} | "
+                     f"{r['build_s_per_candidate']} | {r['build_cpu_s_mean']} | {r['built_ahead']} | "
+                     f"{r['gpu_waited_on_builds']} | "
                      f"{w.get('load', '-')} / {w.get('check', '-')} / {w.get('timing', '-')} / "
                      f"{w.get('baselines', '-')} | {r['measure_s_mean']} |")
     _write(f"keep_busy_search{a.suffix}", {"rows": rows}, lines)

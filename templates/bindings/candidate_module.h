@@ -6,8 +6,14 @@
 // argument error (EVO_CHECK_VALUE / EVO_CHECK_TYPE) into a Python ValueError / TypeError and anything else into a
 // RuntimeError. (On some hosts a c10::Error that reaches pybind11's translators kills the process.)
 #pragma once
-#include <torch/extension.h>
+// Light headers on purpose (not torch/extension.h, which alone takes ~12 s of the binding's ~20 s compile): the
+// binding's build is on the first generation's critical path on a fresh machine.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/python_variable.h>
+namespace torch {
+using namespace at;  // torch::Tensor, torch::kLong, ... as torch/types.h spells them
+}
 #ifdef EVO_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -425,7 +431,7 @@ int evo_with_workspace(const torch::Tensor& like, Call call) {
   int64_t bytes = 0;
   int status = call(nullptr, &bytes);
   if (status == kEvoNeedWorkspace && bytes > 0) {
-    const torch::Tensor workspace = torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+    const torch::Tensor workspace = torch::empty({bytes}, like.options().dtype(at::kByte));
     status = call(workspace.data_ptr(), &bytes);
   }
   return status;

@@ -3,7 +3,6 @@
 // compiled for; this file turns that into a Python module with `forward(...)` that refuses, with a
 // ValueError/TypeError naming the argument and both values, any input the kernel was not compiled for (head dim,
 // Q and K/V dtypes) or that breaks the layout (GQA group, seq_lens).
-#include <torch/extension.h>
 
 #include "candidate_module.h"
 

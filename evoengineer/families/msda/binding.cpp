@@ -2,7 +2,6 @@
 // Each candidate's shared library links against it and, from its PyInit_<name>, hands over its kernel entry point
 // and the signature it was compiled for; this file turns that into a Python module with `forward(...)` that refuses,
 // with a ValueError/TypeError naming the argument and both values, any input the kernel was not compiled for.
-#include <torch/extension.h>
 
 #include "candidate_module.h"
 

@@ -3,7 +3,6 @@
 // kernel entry point and the signature it was compiled for; this file turns that into a Python module with
 // `forward(...)` that refuses, with a ValueError/TypeError naming the argument and both values, any input the
 // kernel was not compiled for (head dim, Q and K/V dtypes).
-#include <torch/extension.h>
 
 #include "candidate_module.h"
 
