@@ -85,6 +85,7 @@ class Runner:
         self.generation = 0
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
+        self._generation_of: dict[tuple[int, ...], int] | None = None  # genome -> its record's generation
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
         self.lease_lost = False
@@ -101,9 +102,22 @@ class Runner:
         return h
 
     def seen_before(self, genome: Sequence[int], generation: int) -> bool:
-        """Evaluated in an earlier generation of this run (a stable fact, whatever happened since)."""
-        r = self.records.get(self.hash_of(genome))
-        return r is not None and r.generation < generation
+        """Evaluated in an earlier generation of this run (a stable fact, whatever happened since). Looked up by
+        genome: a strategy may ask this of every valid configuration (10^6 of them), whose hashes cost far more."""
+        if self._generation_of is None:
+            self._generation_of = {}
+            for r in self.records.values():
+                self._note_genome(r)
+        g = self._generation_of.get(tuple(genome))
+        return g is not None and g < generation
+
+    def _note_genome(self, rec: CandidateRecord) -> None:
+        try:
+            key = tuple(self.space.params_to_genome(rec.params))
+        except (UserError, KeyError, ValueError, TypeError):
+            return  # not a configuration of this space: no genome asks for it
+        if self.hash_of(key) == rec.hash:  # the same identity as a lookup by hash
+            self._generation_of[key] = rec.generation
 
     def request_stop(self, reason: str) -> None:
         """Ask the strategy to stop at its next check (an observer's early stop, e.g. a target time reached)."""
@@ -199,6 +213,8 @@ class Runner:
         self.store.record_candidate(self.run.id, rec)
         rec.source = ""  # kept in the store only
         self.records[rec.hash] = rec
+        if self._generation_of is not None:
+            self._note_genome(rec)
         for o in self.observers:
             o.on_evaluation(self, rec)
         if self.stop_requested:  # a Ctrl-C whose KeyboardInterrupt was swallowed (e.g. inside a GC callback)
