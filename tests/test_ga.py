@@ -612,3 +612,19 @@ def test_the_isolated_optimum_is_found_once_the_space_is_spent(tmp_path: Path):
     r = run_ga(space_file, land, tmp_path / "w", population=12, elite=3, generations=1000, budget=144, seed=0)
     times = [c.time_us for c in r.store.candidates(r.run_id)]
     assert len(times) == 144 and min(times) == optimum
+
+
+def test_seen_before_by_genome_matches_the_lookup_by_hash(toy: Path, tmp_path: Path, monkeypatch):
+    """The runner answers seen_before from a table of the records' genomes (hashing 10^6 configurations was too
+    slow); the GA evaluates exactly what it did when every genome was hashed and looked up."""
+    kw = dict(seed=4, population=10, generations=12, elite=3, budget=100)
+    fast = toy_run(toy, tmp_path / "fast", **kw)
+
+    def by_hash(self, genome, generation):
+        r = self.records.get(self.hash_of(genome))
+        return r is not None and r.generation < generation
+
+    monkeypatch.setattr(Runner, "seen_before", by_hash)
+    slow = toy_run(toy, tmp_path / "slow", **kw)
+    assert fast.evaluator.calls == slow.evaluator.calls
+    assert fast.out.read_text() == slow.out.read_text()
