@@ -145,3 +145,24 @@ def test_the_ga_builds_its_likely_children_ahead(toy: Path, tmp_path: Path):
     assert len(started) == len(set(started))  # never built twice (the build cache)
     assert set(started) > evaluated  # guesses that were never bred were built too, and recorded nowhere
     assert 0 < ev.build_stats()["builds"] <= len(evaluated)
+
+
+def test_a_random_search_finds_its_next_batch_built_ahead(toy: Path, tmp_path: Path):
+    """Random search hints at the batch after the one it is about to evaluate: that hint is kept until its batch
+    asks (a newer hint does not drop it), so every batch after the first was started ahead."""
+    from evoengineer.search.random_search import RandomSearch
+
+    space = load_space(toy / "toy_space.toml")
+    ev = ReplayEvaluator(toy / "landscape.csv", space, delay_s=0.002, builds=BuildTimeModel(4, 0.005))
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    settings = SearchSettings(population=8, generations=0, elite=3, budget=40, seed=2)
+    rid = store.create_run(space_name=space.name, space_path=str(toy / "toy_space.toml"), space_text=space.text,
+                           template=space.template, template_sha256="t" * 64,
+                           config={**settings.to_dict(), "evaluator": ev.describe()}, seed=2,
+                           fingerprint={"cpu": "test"})
+    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings,
+                    out=tmp_path / "r.json")
+    RandomSearch(runner).run(None)
+    ev.close()
+    assert len(list(store.candidates(rid))) == 40
+    assert ev.build_stats()["built_ahead"] == 40 - 8  # all but the first batch

@@ -35,8 +35,9 @@ class BuildAheadEvaluator(Evaluator):
         self.wait_s = 0.0  # time a batch had nothing built to measure (the device waiting on builds)
         self.build_s = 0.0  # builder seconds of the candidates built (not cached) here
         self.builds = 0
-        self.built_ahead = 0  # candidates whose build was started ahead of their batch (a prefetch hint hit)
-        self._ahead: dict[str, Future] = {}  # hash -> build asked for ahead
+        self.built_ahead = 0  # candidates whose build a hint made during an earlier batch had asked for
+        self._batches = 0  # batches started
+        self._ahead: dict[str, tuple[Future, int]] = {}  # hash -> build asked for ahead, batches started by then
 
     @abstractmethod
     def measure(self, candidate: Candidate, build: Any) -> Measurement:
@@ -54,21 +55,26 @@ class BuildAheadEvaluator(Evaluator):
         return self.builds_beside_measurements()
 
     def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
-        """Build these ahead, behind every build asked for now, while the current batch is measured; a later hint
-        replaces this one (its builds not yet started are dropped)."""
+        """Build these ahead, behind every build asked for now, while the current batch is measured. A strategy hints
+        at the batch after the one it is about to evaluate; the hint before it (naming that batch) stays, older
+        hints' builds not yet started are dropped."""
         if not self.wants_prefetch(certain):
             return
         wanted = {c.hash: c for c in candidates}
-        self.builder.drop_ahead(keep=set(wanted))
-        self._ahead = {h: f for h, f in self._ahead.items() if h in wanted and not f.cancelled()}
+        # the hint made before the last batch named the batch that comes next: kept until that batch asks
+        keep = {h for h, (_, hinted) in self._ahead.items() if hinted >= self._batches - 1} | set(wanted)
+        self.builder.drop_ahead(keep=keep)
+        self._ahead = {h: fb for h, fb in self._ahead.items() if h in keep and not fb[0].cancelled()}
         for h, c in wanted.items():
             if h not in self._ahead:
-                self._ahead[h] = self.builder.submit(c, ahead=True)
+                self._ahead[h] = (self.builder.submit(c, ahead=True), self._batches)
 
     def _build_future(self, c: Candidate) -> Future:
-        f = self._ahead.pop(c.hash, None)
+        f, hinted = self._ahead.pop(c.hash, (None, 0))
         if f is not None and not f.cancelled():
-            self.built_ahead += 1
+            # a hint made just before this batch (and naming some of it) gained nothing: only earlier ones count
+            if hinted < self._batches - 1:
+                self.built_ahead += 1
             return f if f.done() else self.builder.submit(c)  # not done: the same build, moved up the queue
         return self.builder.submit(c)
 
@@ -79,6 +85,7 @@ class BuildAheadEvaluator(Evaluator):
         """The batch's builds at once (those built ahead are ready); each candidate measured as soon as its build is
         done; a build whose builder process died is tried once more."""
         candidates = list(candidates)
+        self._batches += 1
         self.before_batch()
         futures: dict[Future, Candidate] = {self._build_future(c): c for c in candidates}
         if not self.builds_beside_measurements():
