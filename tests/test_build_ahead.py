@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, write_toy_landscape
+from test_ga import toy  # noqa: F401  (the toy space and its landscape, shared)
 from evoengineer.cli import main
 from evoengineer.compiler.build_queue import BuildQueue
 from evoengineer.evaluators.replay import BuildTimeModel, ReplayEvaluator
@@ -74,15 +74,6 @@ def test_queue_shares_a_running_build_and_closes_cleanly():
     assert waiting.cancelled()
     slots.complete("x")
     assert first.result(timeout=5) == "built x"
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("toy")
-    for name in ("toy_space.toml", "toy.cpp.j2"):
-        shutil.copy(DATA / name, d / name)
-    write_toy_landscape(load_space(d / "toy_space.toml"), d / "landscape.csv")
-    return d
 
 
 def _search(toy: Path, work: Path, monkeypatch, strategy: str, builds: str | None, seed: int) -> tuple[list, str]:
