@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -30,6 +31,19 @@ def default_space() -> Path:
         if p.exists():
             return p
     raise UserError(f"no default space found in {SPACES_DIR}; pass --space FILE")
+
+
+def install_command(folder: "str | Path") -> str:
+    """`pip install` of an exported folder, spelled as a path: pip reads a bare `op` as a project on the index."""
+    text = str(folder)
+    where = text if Path(text).is_absolute() or text.startswith(("./", "../")) else f"./{text}"
+    return f"pip install {shlex.quote(where)}"
+
+
+def run_state(status: str, reason: str | None) -> str:
+    """A run's status and why it stopped, without saying the same word twice ("interrupted by user")."""
+    reason = (reason or "").strip()
+    return reason if reason.startswith(status) else f"{status} {reason}".strip()
 
 
 def _positive_int(text: str) -> int:
@@ -255,7 +269,7 @@ def cmd_elites(a: argparse.Namespace) -> int:
                          evaluations=store.count_candidates(run.id), run_status=run.status, shape_elites=shapes)
     if not a.json:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(store.status_counts(run.id).items()))
-        print(f"run {run.id} | space {run.space_name} | {run.status} {run.stop_reason} | {counts}")
+        print(f"run {run.id} | space {run.space_name} | {run_state(run.status, run.stop_reason)} | {counts}")
     return _show_elites(doc["elites"], a.json, None, a.db, doc.get("shape_elites"))
 
 
@@ -340,7 +354,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     index, summaries = write_report(store, runs, out)
     for sm in summaries:
         r = sm.run
-        print(f"{sm.label} | {r.space_name} | {r.status} {r.stop_reason} | {len(sm.times)} evaluations")
+        print(f"{sm.label} | {r.space_name} | {run_state(r.status, r.stop_reason)} | {len(sm.times)} evaluations")
     print(f"report: {index}", file=sys.stderr)
     return 0
 
@@ -361,7 +375,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     else:
         function = re.search(r"^(\w+) = kernel\.function$", (folder / package / "__init__.py").read_text(),
                              re.M).group(1)
-    print(f"wrote {folder}/ (package {package}): pip install {folder}   then   from {package} import {function}")
+    print(f"wrote {folder}/ (package {package}): {install_command(folder)}   then   from {package} import {function}")
     return 0
 
 

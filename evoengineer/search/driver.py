@@ -60,9 +60,22 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         if values["population"] > n_valid:
             raise UserError(f"--population {values['population']}: the space has only {n_valid} valid "
                             "configurations (a GA population holds distinct ones)")
-        if values["budget"] is not None and values["population"] > values["budget"]:
-            raise UserError(f"--population {values['population']} is larger than --budget {values['budget']}: "
-                            "not even the first generation would be evaluated")
+        budget = values["budget"]
+        if budget is not None and values["population"] > budget:
+            if given.get("population") is not None or budget < 2:
+                raise UserError(f"--population {values['population']} is larger than --budget {budget}: not even "
+                                "the first generation would be evaluated (python -m evoengineer search --help)")
+            # a default population (the space's or ours) shrinks to fit a small budget; the elite with it
+            was, elite_was = values["population"], values["elite"]
+            values["population"] = budget
+            if given.get("elite") is None:
+                values["elite"] = min(values["elite"], budget - 1)
+            elif values["elite"] >= budget:
+                raise UserError(f"--elite {values['elite']}: must be smaller than the population, which --budget "
+                                f"{budget} makes {budget}")
+            print(f"note: population {was} (the default) shrunk to {budget} to fit --budget {budget}"
+                  + (f", elite {elite_was} to {values['elite']}" if values["elite"] != elite_was else ""),
+                  file=sys.stderr)
     if sampler is not None and strategy != "optuna":
         raise UserError(f"--sampler {sampler}: only with --strategy optuna")
     if strategy == "optuna":

@@ -32,14 +32,17 @@ class RandomSearch:
         gen = int(state["generation"]) + 1 if state else 0
         reason = "space exhausted"
         while pos < len(order):
-            stop = r.cap_reached()
+            # sized as the run stood when this generation began: a resumed batch whose members were partly stored
+            # before the interruption is the batch the uninterrupted run took, in the same generation
+            before = r.evaluations_before(gen)
+            stop = r.cap_reached(gen)
             if stop:
                 reason = stop
                 break
-            take = order[pos:pos + min(batch, s.max_evaluations - r.evaluations)]
+            take = order[pos:pos + min(batch, s.max_evaluations - before)]
             # the next batch, as the next pass will take it (every configuration of this one ends up stored):
             # a cluster builds it, and measures it on GPUs this batch leaves idle
-            after = r.evaluations + sum(1 for g in take if r.hash_of(g) not in r.records)
+            after = before + len(take)
             r.prefetch(order[pos + len(take):pos + len(take) + min(batch, s.max_evaluations - after)], certain=True)
             r.evaluate(take, gen)
             pos += len(take)

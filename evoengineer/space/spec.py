@@ -291,7 +291,11 @@ def resolve_space_arg(arg: str) -> Path:
     if p.exists() or p.suffix == ".toml" or "/" in arg:
         return p
     candidate = SPACES_DIR / f"{arg}.toml"
-    return candidate if candidate.exists() else p
+    if candidate.exists():
+        return candidate
+    known = ", ".join(q.stem for q in shipped_spaces())
+    raise UserError(f"--space {arg}: no such file, and not a shipped space (known: {known}; "
+                    "python -m evoengineer spaces lists them)")
 
 
 def shipped_spaces() -> list[Path]:
