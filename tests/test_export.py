@@ -414,6 +414,12 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path, build_cache_session):
     # no pip or setuptools of its own; this pip installs into it, building with the venv's interpreter
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    # run from a virtualenv, "system" site-packages are the base interpreter's, not this environment's (where torch,
+    # setuptools and the other dependencies are): this environment's come right after the venv's own
+    inner = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (Path(inner) / "_evo_test_outer.pth").write_text("".join(f"{p}\n" for p in ours))
     r = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps",
                         "--no-build-isolation", str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
