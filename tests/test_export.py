@@ -129,6 +129,31 @@ def test_exported_msda_matches_the_reference_on_held_out_shapes(msda_package):
         assert (got.double() - reference(inputs, dtype=torch.float64)).abs().max() < 1e-4
 
 
+def test_an_installed_package_and_load_share_one_build(msda_package, tmp_path):
+    """The same kernel from another folder (a package installed elsewhere, or evoengineer.load's copy) finds the
+    build the first one made: nothing is compiled again (issue 32: each rebuilt the other's binding, 27 s)."""
+    import os
+    import shutil
+
+    mod, out = msda_package
+    other = tmp_path / "site" / mod.__name__
+    shutil.copytree(out / mod.__name__, other)
+    kernel = json.loads((other / "kernel.json").read_text())
+    cache = Path(mod.kernel.module.__file__).resolve().parent.parent  # where the package built (at import)
+
+    def objects():
+        return {str(p): p.stat().st_mtime_ns for d in cache.glob(f"{kernel['module']}-*") for p in d.glob("*.o")}
+
+    before = objects()
+    assert before  # the package's own build, made by the fixture
+    code = ("import json, pathlib; from evoengineer.ops.runtime import build_module; "
+            f"f = pathlib.Path({str(other)!r}); build_module(f, json.loads((f / 'kernel.json').read_text()))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "EVOENGINEER_EXPORT_CACHE": str(cache)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert objects() == before
+
+
 def test_exported_msda_under_torch_compile_fullgraph(msda_package):
     mod, _ = msda_package
     inputs = make_inputs(HELD_OUT[0], 3)

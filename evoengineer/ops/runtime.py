@@ -182,6 +182,18 @@ def _loaded() -> dict[str, Any]:
     return reg.modules  # type: ignore[attr-defined]
 
 
+def _write_if_changed(path: Path, data: bytes) -> None:
+    """Write atomically, and only when different: a new mtime would make ninja rebuild what is up to date."""
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None = None) -> Any:
     """Compile the folder's kernel, binding and shim into one extension (cached by the content of the sources and the
     build settings) and import it (once per process)."""
@@ -209,6 +221,13 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     digest.update(torch.__version__.encode())
     out = (build_root or default_build_root()) / f"{name}-{digest.hexdigest()[:12]}"
     out.mkdir(parents=True, exist_ok=True)
+    # compiled from copies inside the (content-addressed) build folder: an installed package and evoengineer.load of
+    # the same kernel then write the same ninja file and find each other's build up to date (ninja tracks paths)
+    local = out / "src"
+    local.mkdir(exist_ok=True)
+    for p in sources + [folder / "candidate_module.h"]:
+        _write_if_changed(local / p.name, p.read_bytes())
+    sources = [local / p.name for p in sources]
     cuda = build["backend"] == "cuda"
     if cuda:
         if not torch.cuda.is_available():
