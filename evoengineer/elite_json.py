@@ -252,6 +252,7 @@ class OutClaim:
         self.path = Path(path).absolute()
         self.lock = self.path.parent / f".{self.path.name}.lock"
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "run": run_id, "store": store_url}
+        self.held = False
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)  # as writing elite.json would (checked writable)
@@ -267,8 +268,14 @@ class OutClaim:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.lock)  # a dead (or our own earlier) holder's claim
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.me, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(self.me, f)
+            except BaseException:  # e.g. a full file system: leave no empty claim behind
+                with contextlib.suppress(OSError):
+                    os.unlink(self.lock)
+                raise
+            self.held = True
             for tmp in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by killed writers of this file
                 with contextlib.suppress(OSError):
                     tmp.unlink()
@@ -288,9 +295,11 @@ class OutClaim:
 
     def release(self) -> None:
         holder = self._holder()
-        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == self.me["host"]:
+        ours = holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == self.me["host"]
+        if ours or (self.held and holder == {}):  # ours, or ours and since made unreadable (a full disk)
             with contextlib.suppress(OSError):
                 os.unlink(self.lock)
+        self.held = False
 
     def _holder(self) -> dict[str, Any] | None:
         try:

@@ -104,3 +104,26 @@ def test_a_random_search_interrupted_in_its_last_batch_resumes_to_the_same_elite
     assert resumed["generation"] == plain["generation"] == 3
     assert resumed["evaluations"] == plain["evaluations"] == 30
     assert [e["hash"] for e in resumed["elites"]] == [e["hash"] for e in plain["elites"]]
+
+
+def test_a_claim_that_cannot_be_written_leaves_no_lock(tmp_path: Path, monkeypatch):
+    """elite.json's file system full: claiming --out fails with the OSError, and no .elite.json.lock stays behind
+    (it would refuse nobody, but it is litter the next run has to judge)."""
+    import errno
+
+    from evoengineer import elite_json
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    claim = elite_json.OutClaim(tmp_path / "elite.json", 1, "sqlite:///s.db")
+    monkeypatch.setattr(elite_json.json, "dump", full)
+    with pytest.raises(OSError, match="No space left"):
+        claim.acquire()
+    claim.release()
+    assert not (tmp_path / ".elite.json.lock").exists()
+    monkeypatch.undo()
+    claim.acquire()
+    assert (tmp_path / ".elite.json.lock").exists()
+    claim.release()
+    assert not (tmp_path / ".elite.json.lock").exists()
