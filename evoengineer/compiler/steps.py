@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from evoengineer.fileio import write_if_changed
+
 SHIM = """// Generated: hands this candidate's kernel entry, and the signature it was compiled for, to the family binding
 // as Python module {name}.
 extern "C" void {entry}();
@@ -63,16 +65,6 @@ def dir_lock(out_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    """Rewrite a source only when it changed: a new mtime would make ninja rebuild what is up to date."""
-    try:
-        if path.read_text() == text:
-            return
-    except OSError:
-        pass
-    path.write_text(text)
-
-
 def _set_arch(job: dict[str, Any]) -> None:
     """cpp_extension picks CUDA targets from TORCH_CUDA_ARCH_LIST: pin it to the space's arch (sm_90 -> 9.0)."""
     from evoengineer.ops.runtime import arch_list
@@ -99,7 +91,7 @@ def _build_binding(job: dict[str, Any]) -> dict[str, Any]:
         return {"status": "ok", "so": str(so)}
     out_dir.mkdir(parents=True, exist_ok=True)
     source = out_dir / "binding.cpp"
-    _write_if_changed(source, job["source_text"])
+    write_if_changed(source, job["source_text"])
     t0 = time.perf_counter()
     try:
         cpp_extension.load(name=job["name"], sources=[str(source)], extra_cflags=job["cflags"],
@@ -171,7 +163,7 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     name, entry = job["name"], job["entry"]
     kernel = out_dir / f"kernel{job['suffix']}"
-    _write_if_changed(kernel, job["source"])
+    write_if_changed(kernel, job["source"])
     metrics: dict[str, Any] = {}
     t0 = time.perf_counter()
     sources, objects = [str(kernel)], []
@@ -188,7 +180,7 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
                     "build_s": time.perf_counter() - t0}
         sources, objects = [], [str(obj)]
     shim = out_dir / "shim.cpp"
-    _write_if_changed(shim, shim_source(name, entry, job["signature"]))
+    write_if_changed(shim, shim_source(name, entry, job["signature"]))
     cpu_before = _cpu_s()
     binding = _binding_for(job)
     if binding.get("built"):

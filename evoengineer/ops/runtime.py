@@ -183,7 +183,9 @@ def _loaded() -> dict[str, Any]:
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
-    """Write atomically, and only when different: a new mtime would make ninja rebuild what is up to date."""
+    """Write atomically, and only when different: a new mtime would make ninja rebuild what is up to date. (Like
+    evoengineer.fileio.write_if_changed: this file is copied into exported packages, which import nothing of
+    EvoEngineer.)"""
     try:
         if path.read_bytes() == data:
             return
