@@ -39,17 +39,3 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     with atomic_open(path) as f:
         f.write(text)
 
-
-def write_if_changed(path: str | Path, data: str | bytes) -> None:
-    """Write a source (atomically) only when its content differs: a new mtime would make ninja rebuild what is up
-    to date."""
-    path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
-    try:
-        if path.read_bytes() == raw:
-            return
-    except OSError:
-        pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(raw)
-    os.replace(tmp, path)

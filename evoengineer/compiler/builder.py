@@ -87,6 +87,7 @@ class Builder:
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None
         self._binding_started = False
+        self._binding_key_memo: str | None = None
         self.session = uuid.uuid4().hex[:12]  # a binding failure is remembered for this builder's session only
         # the builder's own queue in front of the process pool: builds asked for now before builds asked for ahead
         self.queue = BuildQueue(self.jobs, self._start_job, self._finish_job)
@@ -101,10 +102,14 @@ class Builder:
         return self.binding_source
 
     def _binding_key(self) -> str:
-        # the binding and the headers it includes (candidate_module.h, shared by every binding)
-        headers = {h.name: h.read_text() for h in sorted(BINDING_INCLUDE.glob("*.h"))}
-        return _sha({"source": self._binding().text, "headers": headers, "toolchain": self.toolchain,
-                     "cflags": self.cflags, "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
+        # the binding and the headers it includes (candidate_module.h, shared by every binding); read once per
+        # builder, not per candidate (every key, cache lookup and job asks for it)
+        if self._binding_key_memo is None:
+            headers = {h.name: h.read_text() for h in sorted(BINDING_INCLUDE.glob("*.h"))}
+            self._binding_key_memo = _sha({"source": self._binding().text, "headers": headers,
+                                           "toolchain": self.toolchain, "cflags": self.cflags,
+                                           "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
+        return self._binding_key_memo
 
     def key(self, candidate: Candidate) -> str:
         return _sha({"candidate": candidate.hash, "toolchain": self.toolchain, "binding": self._binding_key(),

@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from evoengineer.fileio import write_if_changed
-
 SHIM = """// Generated: hands this candidate's kernel entry, and the signature it was compiled for, to the family binding
 // as Python module {name}.
 extern "C" void {entry}();
@@ -82,6 +80,8 @@ def build_binding(job: dict[str, Any]) -> dict[str, Any]:
 
 def _build_binding(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
+
+    from evoengineer.ops.runtime import write_if_changed
 
     _set_arch(job)
 
@@ -157,6 +157,7 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
 
     from evoengineer.compiler.gate import check_gates, compile_cuda
+    from evoengineer.ops.runtime import write_if_changed
 
     _set_arch(job)
     out_dir = Path(job["dir"])

@@ -182,17 +182,18 @@ def _loaded() -> dict[str, Any]:
     return reg.modules  # type: ignore[attr-defined]
 
 
-def _write_if_changed(path: Path, data: bytes) -> None:
-    """Write atomically, and only when different: a new mtime would make ninja rebuild what is up to date. (Like
-    evoengineer.fileio.write_if_changed: this file is copied into exported packages, which import nothing of
-    EvoEngineer.)"""
+def write_if_changed(path: Path, data: str | bytes) -> None:
+    """Write a source atomically, and only when its content differs: a new mtime would make ninja rebuild what is
+    up to date. (The builder's candidates use it too; it lives here because this file is copied into exported
+    packages, which import nothing of EvoEngineer.)"""
+    raw = data.encode() if isinstance(data, str) else data
     try:
-        if path.read_bytes() == data:
+        if path.read_bytes() == raw:
             return
     except OSError:
         pass
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(raw)
     os.replace(tmp, path)
 
 
@@ -228,7 +229,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     local = out / "src"
     local.mkdir(exist_ok=True)
     for p in sources + [folder / "candidate_module.h"]:
-        _write_if_changed(local / p.name, p.read_bytes())
+        write_if_changed(local / p.name, p.read_bytes())
     sources = [local / p.name for p in sources]
     cuda = build["backend"] == "cuda"
     if cuda:

@@ -224,15 +224,10 @@ class SearchSpace:
         # Depth-first over parameters in order; each constraint is checked as soon as its last name is bound,
         # so whole subtrees are pruned early.
         order = self.names
-        depth_of = {n: i for i, n in enumerate(order)}
-        checks: list[list[Expression]] = [[] for _ in order]
-        for c in self.constraints:
-            depths = [depth_of[n] for n in c.names if n in depth_of]
-            checks[max(depths) if depths else 0].append(c)
         # The checks made at depth d depend only on the genes their constraints name (the signature is fixed), so
         # their verdict is remembered by those genes' indices: a space of 10^6 configurations then evaluates each
         # expression a few hundred times instead of millions (loading such a space took 15-20 s before).
-        deps = [sorted({depth_of[n] for c in cs for n in c.names if n in depth_of}) for cs in checks]
+        checks, deps = self._constraint_levels()
         memo: list[dict[tuple[int, ...], bool]] = [{} for _ in order]
         env: dict[str, Value] = dict(self.signature)
         genome = [0] * len(order)
