@@ -60,6 +60,10 @@ class Evaluator(ABC):
         for c in candidates:
             yield c, self.evaluate(c)
 
+    def start(self) -> None:
+        """The run is about to ask for measurements: start what takes long to get ready (a measuring worker, a
+        family binding) so that it is ready by the first build. Default: nothing."""
+
     def wants_prefetch(self, certain: bool) -> bool:
         """Whether `prefetch` would do anything with such a hint (so callers can skip making candidates for it)."""
         return False

@@ -202,10 +202,22 @@ class LocalEvaluator(BuildAheadEvaluator):
 
     # ---- worker lifecycle -------------------------------------------------------------------------------------------
     def _new_worker(self) -> WorkerProcess:
+        """A started worker with the baselines loaded and checked. The process starts (torch, device context, the
+        input sets and their references) before the baselines are asked for: the first worker's start overlaps the
+        baselines' builds."""
         self.workers_started += 1
         init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
-                "seed": self.seed * 1000 + self.workers_started, "baselines": self._baselines()}
-        return WorkerProcess(init, float(self.settings["init_timeout_s"]))
+                "seed": self.seed * 1000 + self.workers_started}
+        timeout = float(self.settings["init_timeout_s"])
+        worker = WorkerProcess(init, timeout)
+        try:
+            reply = worker.request({"cmd": "baselines", "baselines": self._baselines()}, timeout)
+            if not reply.get("ok"):
+                raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+        except BaseException:
+            worker.close()
+            raise
+        return worker
 
     def _worker(self) -> WorkerProcess:
         if self._starting is not None:
@@ -317,6 +329,9 @@ class LocalEvaluator(BuildAheadEvaluator):
     def builds_beside_measurements(self) -> bool:
         # CPU kernels time on the cores the compilers would take: nothing is built beside a measurement
         return self.space.backend != "cpu"
+
+    def start(self) -> None:
+        self.before_batch()
 
     def before_batch(self) -> None:
         if self.space.backend != "cpu":

@@ -65,7 +65,7 @@ class Session:
         from evoengineer.tasks.base import get_task
 
         self.torch = torch
-        self.space = SearchSpace.from_text(init["space_text"], init["space_path"])
+        self.space = SearchSpace.from_text(init["space_text"], init["space_path"], check_valid=False)
         self.task = get_task(self.space)
         self.settings = self.task.settings
         self.seed = int(init["seed"])
@@ -80,16 +80,24 @@ class Session:
         self.timed = {e.name: self._input_set(e, self._seed(e.name, 10_000), with_ref=False)
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
+        self.kernels: dict[str, Any] = {}
+        self.add_baselines(init.get("baselines", []))
+
+    def add_baselines(self, builds: list[dict[str, str]]) -> None:
+        """Load the family's built baseline kernels and check each (a baseline must be right before anything is
+        compared to it). A separate message from init: the parent starts the worker (torch, the device context, the
+        inputs and their references) while the baselines are still building."""
         from evoengineer.compiler.steps import load_module
 
-        self.kernels = {b["name"]: load_module(b["so"], b["module"]) for b in init.get("baselines", [])}
-        for name, module in self.kernels.items():  # a baseline must be right before anything is compared to it
+        for b in builds:
+            module = self.kernels[b["name"]] = load_module(b["so"], b["module"])
             try:
-                self.check(module, f"baseline:{name}")
+                self.check(module, f"baseline:{b['name']}")
             except Rejected as r:
-                raise RuntimeError(f"baseline kernel {name} is wrong: {r.reason}") from None
+                raise RuntimeError(f"baseline kernel {b['name']} is wrong: {r.reason}") from None
             finally:
                 self._restore_inputs()
+        self.baselines = None  # timed again, with every baseline, at the next candidate
 
     def _seed(self, name: str, k: int, salt: str = "") -> int:
         digest = hashlib.sha256(f"{self.seed}/{name}/{k}/{salt}".encode()).hexdigest()
@@ -431,6 +439,10 @@ def main() -> None:
         try:
             if msg["cmd"] == "init":
                 session = Session(msg)
+                reply({"ok": True})
+            elif msg["cmd"] == "baselines":
+                assert session is not None, "baselines before init"
+                session.add_baselines(msg["baselines"])
                 reply({"ok": True})
             elif msg["cmd"] == "eval":
                 assert session is not None, "eval before init"

@@ -323,6 +323,7 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
     strategy = STRATEGIES[s.strategy](runner)
     try:
         with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token, claim):
+            evaluator.start()
             try:
                 reason = strategy.run(state)
             except (KeyError, TypeError, ValueError, IndexError) as exc:

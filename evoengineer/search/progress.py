@@ -80,6 +80,9 @@ class ProgressPrinter:
         if "stop" in stats:
             line += self._per_device(runner)
             line += self._builds(runner)
+            fin = getattr(runner, "finish_s", None)
+            if fin and sum(fin.values()) >= 0.05:
+                line += f" | finishing: re-timing {fin['retime']:.1f} s, sanitizer {fin['sanitizer']:.1f} s"
             line += f" | stopped: {stats['stop']}"
         self._print(line)
         elites = [runner.records[h] for h in runner.elite_hashes]

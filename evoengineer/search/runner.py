@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
@@ -88,6 +89,7 @@ class Runner:
         self._generation_of: dict[tuple[int, ...], int] | None = None  # genome -> its record's generation
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
+        self.finish_s: dict[str, float] = {}  # the finished run's re-timing and sanitizer seconds
         self.lease_lost = False
         self.evaluate_calls = 0  # set by the driver's heartbeat thread when another process took the run over
         self._specs: dict[str, dict[str, Any]] | None = None  # timed shape specs (elite.json's shape_elites)
@@ -297,6 +299,8 @@ class Runner:
         want = len(proposed) if want is None else want
         ranked = [*proposed, *(h for h in self.best(len(self.records)) if h not in set(proposed))]
         chosen: list[str] = []
+        # the timed shapes' winners ride along with the first batch: one start of the tools for both
+        also = self._uncertified_shape_winners()
         i = 0
         while len(chosen) < want and i < len(ranked):
             batch: list[CandidateRecord] = []
@@ -305,17 +309,22 @@ class Runner:
                 i += 1
                 if rec is not None and rec.status == "ok":
                     batch.append(rec)
-            self._sanitize([r for r in batch if not _has_verdict(r)])
+            todo = {r.hash: r for r in [*batch, *also] if not _has_verdict(r)}
+            also = []
+            self._sanitize(list(todo.values()))
             chosen += [r.hash for r in batch if r.status == "ok"]
         return chosen
+
+    def _uncertified_shape_winners(self) -> list[CandidateRecord]:
+        winners = elite_json.shape_winners(self.space, self.records.values()) or []
+        return list({r.hash: r for _, r in winners if r.status == "ok" and not _has_verdict(r)}.values())
 
     def certify_shape_winners(self) -> None:
         """Run the sanitizer on each timed shape's fastest correct kernel (elite.json's shape_elites, which an export
         --per-shape ships) as on the elites: one it finds fault with becomes `sanitizer_error` and the next fastest
         on that shape is asked in turn. Stored verdicts are not asked again."""
         while True:
-            winners = elite_json.shape_winners(self.space, self.records.values()) or []
-            todo = list({r.hash: r for _, r in winners if r.status == "ok" and not _has_verdict(r)}.values())
+            todo = self._uncertified_shape_winners()
             if not todo:
                 return
             self._sanitize(todo)
@@ -343,8 +352,13 @@ class Runner:
         """Record the elites in the store, rewrite elite.json atomically, tell the observers. The finished run's
         elites are certified first (`certified`)."""
         if finished:
-            elite_hashes = self.certified(self.retimed(elite_hashes), want=len(elite_hashes))
+            t0 = time.perf_counter()
+            retimed = self.retimed(elite_hashes)
+            t1 = time.perf_counter()
+            elite_hashes = self.certified(retimed, want=len(elite_hashes))
             self.certify_shape_winners()
+            self.finish_s = {"retime": t1 - t0,
+                             "sanitizer": time.perf_counter() - t1}
         self.elite_hashes = list(elite_hashes)
         self.store.set_elites(self.run.id, elite_hashes)
         elites = self.store.elites(self.run.id)  # with their sources

@@ -118,6 +118,7 @@ def compile_costs(a: argparse.Namespace) -> int:
 
 PROGRESS = re.compile(r"^\s*(?P<head>gen \d+|done) \|.*\| (?P<t>[\d.]+)s(?: \| (?P<rate>\d+)/min \| GPU busy "
                       r"(?P<busy>\d+)% of \d+)?")
+FINISH = re.compile(r"finishing: re-timing (?P<retime>[\d.]+) s, sanitizer (?P<san>[\d.]+) s")
 BUILDS = re.compile(r"builds (?P<per>[\d.]+) s/candidate(?:, (?P<ahead>\d+) started ahead)? \| "
                     r"GPU waited on builds (?P<wait>\d+)%")
 
@@ -149,6 +150,12 @@ def one_search(seed: int, work: Path) -> dict:
     first = next(t for t, ln in lines if re.match(r"^\s*gen 0 \|", ln))
     done = next(PROGRESS.match(ln) for t, ln in lines if re.match(r"^\s*done \|", ln))
     b = next((BUILDS.search(ln) for _, ln in lines if BUILDS.search(ln)), None)
+    fin = next((FINISH.search(ln) for _, ln in lines if FINISH.search(ln)), None)
+    # the start (command to the run line: imports, space, store) and the end (last generation to the done line:
+    # re-timing and sanitizer)
+    started = next((t for t, ln in lines if re.match(r"^run \d+:", ln)), None)
+    last_gen = max((t for t, ln in lines if re.match(r"^\s*gen \d+ \|", ln)), default=None)
+    done_t = next((t for t, ln in lines if re.match(r"^\s*done \|", ln)), None)
     con = sqlite3.connect(work / f"s{seed}.db")
     try:
         metrics = [json.loads(m) if m else {} for (m,) in con.execute("SELECT metrics FROM candidates")]
@@ -171,7 +178,11 @@ def one_search(seed: int, work: Path) -> dict:
             "statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
             "measure_s_mean": round(statistics.mean(measure), 4) if measure else None,
             "worker_s_mean": {k: round(statistics.mean(v), 4) for k, v in phases.items()},
-            "build_cpu_s_mean": round(statistics.mean(cpu), 3) if cpu else None}
+            "build_cpu_s_mean": round(statistics.mean(cpu), 3) if cpu else None,
+            "run_line_s": round(started, 1) if started is not None else None,
+            "finish_s": round(done_t - last_gen, 1) if done_t is not None and last_gen is not None else None,
+            "finish_retime_s": float(fin["retime"]) if fin else None,
+            "finish_sanitizer_s": float(fin["san"]) if fin else None}
 
 
 def searches(a: argparse.Namespace) -> int:
@@ -183,8 +194,8 @@ def searches(a: argparse.Namespace) -> int:
         print(json.dumps(r), flush=True)
     lines = ["| seed | command s | evaluations | /min (command) | /min (progress) | GPU busy | first generation s | "
              "build s/candidate (wall) | build CPU s/candidate | built ahead | GPU waited on builds | worker s per candidate "
-             "(load / check / timing / baselines) | measure s (parent) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "(load / check / timing / baselines) | measure s (parent) | run line s | finishing s (re-timing / sanitizer) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         w = r["worker_s_mean"]
         lines.append(f"| {r['seed']} | {r['command_s']} | {r['evaluations']} | {r['per_min_command']} | "
@@ -192,7 +203,8 @@ def searches(a: argparse.Namespace) -> int:
                      f"{r['build_s_per_candidate']} | {r['build_cpu_s_mean']} | {r['built_ahead']} | "
                      f"{r['gpu_waited_on_builds']} | "
                      f"{w.get('load', '-')} / {w.get('check', '-')} / {w.get('timing', '-')} / "
-                     f"{w.get('baselines', '-')} | {r['measure_s_mean']} |")
+                     f"{w.get('baselines', '-')} | {r['measure_s_mean']} | {r.get('run_line_s')} | "
+                     f"{r.get('finish_s')} ({r.get('finish_retime_s')} / {r.get('finish_sanitizer_s')}) |")
     _write(f"keep_busy_search{a.suffix}", {"rows": rows}, lines)
     return 0
 
