@@ -49,7 +49,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "fingerprint": run.fingerprint,
         "retiming": _retiming(elites, run_status, retime_note),
         "elites": [
-            {"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, "status": e.status,
+            {"rank": i, "hash": e.hash, "params": e.params, "metrics": ranked_metrics(e.metrics), "status": e.status,
              "generation": e.generation, **_certification(e, run_status), **_timing(e), **common,
              "source_sha256": sha256_text(e.source), "source": e.source}
             for i, e in enumerate(elites, start=1)
@@ -177,12 +177,38 @@ def _retiming(elites: list[Any], run_status: str, note: str) -> dict[str, Any]:
     return {"ranked_by": "search p50", "reason": why}
 
 
+#: the timing keys that the ranking's timing replaces; the search's own keep them under "search_" + key
+_SEARCH_KEYS = ("time_us", "time_p90_us", "time_p99_us", "speedup")
+
+
+def ranked_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's metrics as users read them: `time_us` (p50), `time_p90_us`, `time_p99_us` and `speedup` are
+    the timing its rank was decided by - the re-timing of the finalists when it was re-timed, else the search's.
+    The search's own timing stays under `search_time_us`, `search_time_p90_us`, ... The speedup is then the
+    baseline's p50 in the same re-timing over the re-timed p50 (an older re-timing that did not keep the baseline's
+    p50: the search's baseline over the re-timed p50). Idempotent."""
+    rt = metrics.get("retime")
+    if "search_time_us" in metrics or not (isinstance(rt, dict) and "p50_us" in rt):
+        return metrics
+    out = {k: v for k, v in metrics.items() if k not in _SEARCH_KEYS}
+    out.update({f"search_{k}": metrics[k] for k in _SEARCH_KEYS if k in metrics})
+    out["time_us"] = rt["p50_us"]
+    for k in ("p90_us", "p99_us"):
+        if k in rt:
+            out[f"time_{k}"] = rt[k]
+    base = rt.get("baseline_p50_us") or metrics.get("baseline_us")
+    if isinstance(base, (int, float)) and rt["p50_us"] > 0:
+        out["speedup"] = base / rt["p50_us"]
+    return out
+
+
 def _timing(e: Any) -> dict[str, Any]:
     """Both timings of an elite: the search's p50 and, if it was re-timed, the re-timed p50 with its spread."""
     info = e.metrics.get("retime")
     out: dict[str, Any] = {"search_p50_us": e.metrics.get("time_us")}
     if isinstance(info, dict) and "p50_us" in info:
-        out["retimed"] = {k: info[k] for k in ("p50_us", "p10_us", "p90_us", "median_ci95_us", "ratio", "round_cv",
+        out["retimed"] = {k: info[k] for k in ("p50_us", "p10_us", "p90_us", "p99_us", "median_ci95_us", "ratio",
+                                               "round_cv", "baseline_p50_us",
                                                "tolerance", "flag", "calls") if k in info}
     return out
 
@@ -336,29 +362,62 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
 
 
 def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """Header and one row per elite: rank, p50/p90, speedup, errors, sanitizer verdict, hash, params (text
-    cells)."""
-    rows = [("rank", "p50 us", "p90 us", "re-timed", "speedup", "max err", "sanitizer", "hash", "params")]
+    """Header and one row per elite: rank, the p50/p90 and speedup the ranking used, the search's p50 (`!` when
+    the two disagree beyond the noise), errors, sanitizer verdict, hash, params (text cells)."""
+    rows = [("rank", "p50 us", "p90 us", "speedup", "search p50", "max err", "sanitizer", "hash", "params")]
     for e in elites:
-        m = e.get("metrics", {})
+        m = ranked_metrics(e.get("metrics", {}))
         verdict = e.get("sanitizer") or m.get("sanitizer") or {}
         rt = e.get("retimed") or m.get("retime") or {}
-        retimed = _num(rt.get("p50_us")) + (" !" if rt.get("flag") else "")
-        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), retimed,
-                     _num(m.get("speedup")),
-                     _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")), str(e.get("hash", ""))[:12],
-                     " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
+        search = _num(m.get("search_time_us")) + (" !" if rt.get("flag") else "") if "search_time_us" in m else "-"
+        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
+                     search, _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")),
+                     str(e.get("hash", ""))[:12], " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
     return rows
 
 
+#: above this machine noise (CV of the baseline's per-round p50 in the re-timing) the run says its ranking is weak
+NOISY_CV = 0.05
+
+
+def table_notes(elites: list[dict[str, Any]]) -> list[str]:
+    """What the elite table's columns mean (its markers included) and, where the machine was too noisy to rank
+    the elites, a warning in words."""
+    ms = [ranked_metrics(e.get("metrics", {})) for e in elites]
+    rts = [e.get("metrics", {}).get("retime") or e.get("retimed") or {} for e in elites]
+    if not elites:
+        return []
+    retimed = [("search_time_us" in m) for m in ms]
+    if not any(retimed):
+        return ["p50/p90 us, speedup: the search's timing (ranked by it; not re-timed)"]
+    notes = ["p50/p90 us, speedup: the finalists' re-timing at the end of the run (the ranking); search p50: the "
+             "candidate's timing during the search"
+             + ("" if all(retimed) else "; a row without a search p50 was not re-timed (its p50 is the search's)")]
+    tol = max((r.get("tolerance") or 0.0 for r in rts), default=0.0)
+    if any(r.get("flag") for r in rts):
+        notes.append(f"!: the re-timing and the search's timing disagree by more than the machine's noise allows "
+                     f"(+-{tol:.0%})")
+    noise = max((r.get("noise_cv") or 0.0 for r in rts), default=0.0)
+    cis = [r.get("median_ci95_us") for r in rts]
+    overlap = any(isinstance(a, list) and isinstance(b, list) and a[1] >= b[0] for a, b in zip(cis, cis[1:]))
+    if noise > NOISY_CV:
+        notes.append(f"warning: this machine was noisy (the baseline varied by {noise:.0%} between re-timing "
+                     "rounds): differences between these elites smaller than that are not meaningful"
+                     + ("; the 95% intervals of neighbouring ranks overlap, so their order is not settled"
+                        if overlap else ""))
+    elif overlap:
+        notes.append("note: the 95% intervals of some neighbouring ranks overlap: their order is within the noise")
+    return notes
+
+
 def format_table(elites: list[dict[str, Any]]) -> str:
-    """A plain-text table of `elite_rows`."""
+    """A plain-text table of `elite_rows`, then what its columns mean (`table_notes`)."""
     if not elites:
         return "(no elites)"
     rows = elite_rows(elites)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
-    return "\n".join(lines)
+    return "\n".join([*lines, *table_notes(elites)])
 
 
 def format_shape_table(shape_elites: list[dict[str, Any]] | None) -> str:

@@ -299,7 +299,8 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
     else:
         package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
         summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} "
-                   f"({e.get('metrics', {}).get('time_us', 0):.1f} us p50 in its search, {where})")
+                   f"({e.get('metrics', {}).get('time_us', 0):.1f} us p50"
+                   f"{' re-timed' if 'search_time_us' in e.get('metrics', {}) else ' in its search'}, {where})")
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))

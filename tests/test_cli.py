@@ -120,7 +120,8 @@ def test_inspect(searched: Path, capsys):
     assert main(["inspect", "elite.json"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("space toy | run 1 (finished)")
-    assert out[1].split()[0] == "rank" and len(out) == 2 + 3
+    assert out[1].split()[0] == "rank" and [ln.split()[0] for ln in out[2:5]] == ["1", "2", "3"]
+    assert out[5].startswith("p50/p90 us, speedup: the finalists' re-timing")  # the columns' legend
 
 
 def test_inspect_json(searched: Path, capsys):
@@ -174,7 +175,7 @@ def test_elites(searched: Path, capsys):
     assert main(["elites", "--db", "sqlite:///s.db"]) == 0  # newest run
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("run 2 | space toy | finished generations |")
-    assert len(out) == 2 + 2
+    assert [ln.split()[0] for ln in out[2:]] == ["1", "2", "p50/p90"]  # two elites, the columns' legend
     assert main(["elites", "--db", "sqlite:///s.db", "--run", "1", "--json"]) == 0
     elites = json.loads(capsys.readouterr().out)
     doc = json.loads((searched / "elite.json").read_text())

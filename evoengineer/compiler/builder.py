@@ -57,6 +57,17 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Builder processes forked from a server that imported torch's cpp_extension once (a torch import costs
+    5-9 s of CPU on a GPU host: fifteen builders each importing it held back the first generation by seconds);
+    spawned where there is no fork server. Never a plain fork of this process, which may hold threads and locks."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["evoengineer.compiler.steps", "torch.utils.cpp_extension"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 class Builder:
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
@@ -147,9 +158,8 @@ class Builder:
             if self._pool_broken:
                 self._restart_pool()
             if self._pool is None:
-                ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
-                                                 initializer=steps.builder_init)
+                self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=_pool_context(),
+                                                 initializer=steps.builder_init, initargs=(dict(os.environ),))
             return self._pool
 
     def _restart_pool(self) -> None:

@@ -255,14 +255,18 @@ def safe(fn, job: dict[str, Any]) -> dict[str, Any]:
 BUILDER_NICENESS = 5
 
 
-def builder_init() -> None:
+def builder_init(env: dict[str, str] | None = None) -> None:
     """Builder processes ignore Ctrl-C (the parent handles it), keep ninja's parallelism modest, and leave when
     their parent is gone (a pool's processes would otherwise wait for work forever, e.g. under a Dask worker that
-    was killed)."""
+    was killed). `env`: the pool owner's environment when it made the pool (a process forked from a fork server
+    would otherwise have the server's, from whenever it started)."""
     import signal
 
     from evoengineer.liveness import exit_with_parent
 
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MAX_JOBS", "1")
     # builds yield the CPU to the measuring worker and the search (the GPU is what must not wait); compilers

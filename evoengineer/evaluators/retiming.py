@@ -85,6 +85,7 @@ def summarize(first_us: float, rounds: list[list[float]], noise_cv: float | None
         flag = (f"re-timed p50 {p50:.4g} us is {ratio:.2f}x the search's {first_us:.4g} us, beyond the noise "
                 f"(+-{tol:.0%})")
     return {"p50_us": p50, "p10_us": _quantile(calls, 0.1), "p90_us": _quantile(calls, 0.9),
+            "p99_us": _quantile(calls, 0.99),
             "median_ci95_us": [_quantile(boots, 0.025), _quantile(boots, 0.975)], "rounds": len(rounds),
             "calls": len(calls), "round_cv": round_cv, "noise_cv": noise_cv, "tolerance": tol,
             "first_us": first_us, "ratio": ratio, "flag": flag}

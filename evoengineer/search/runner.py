@@ -285,6 +285,8 @@ class Runner:
                                            key=f"{session}/{rec.hash}"))
             # where this finalist's rounds ran in the sequence of all timings (round-robin: one per round)
             info["positions"] = [i for i, h in enumerate(rt.order) if h == rec.hash]
+            if rt.baseline_p50_us:  # the speedup at ranking time: this baseline over the re-timed p50
+                info["baseline_p50_us"] = retiming.median(rt.baseline_p50_us)
         else:
             status, reason = rt.dropped.get(rec.hash, ("runtime_error", "not re-timed"))
             info["dropped"] = f"{status}: {reason}"
