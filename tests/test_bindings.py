@@ -88,13 +88,20 @@ def test_msda_tensors_must_agree(msda):
                                                                             "value) is 1, expected 2"),
         (dict(level_start_index=inp["level_start_index"][:3].contiguous()), ValueError, "level_start_index: size 0 (L) is 3"),
         (dict(value=torch.cat([inp["value"], inp["value"][:, :1]], dim=1)), ValueError,
-         "spatial_shapes: the levels hold 44 positions, value has S = 45"),
+         "value: S = 45 positions, but the levels of spatial_shapes hold 44 (the sum of H * W)"),
+        (dict(value=inp["value"][:, :-1].contiguous()), ValueError,
+         "value: S = 43 positions, but levels 0..3 of spatial_shapes already hold more"),
+        # a wrong spatial_shapes is named as such, not as the level_start_index that no longer matches it
+        (dict(spatial_shapes=torch.tensor([[5, 7], [3, 3], [2, 2], [1, 1]])), ValueError,
+         "value: S = 44 positions, but levels 0..2 of spatial_shapes already hold more"),
+        (dict(spatial_shapes=torch.tensor([[5, 5], [3, 3], [2, 2], [1, 1]])), ValueError,
+         "value: S = 44 positions, but the levels of spatial_shapes hold 39"),
         (dict(spatial_shapes=torch.tensor([[5, 6], [3, 3], [2, 2], [0, 1]])), ValueError,
          "spatial_shapes[3] = (0, 1): H and W must be at least 1"),
         (dict(level_start_index=torch.tensor([0, 30, 39, 44])), ValueError,
          "level_start_index[3] = 44, expected 43"),
         (dict(spatial_shapes=torch.tensor([[50, 60], [3, 3], [2, 2], [1, 1]])), ValueError,
-         "spatial_shapes: levels 0..0 hold more than value's S = 44 positions"),
+         "value: S = 44 positions, but levels 0..0 of spatial_shapes already hold more"),
     ]
     for change, kind, msg in bad:
         with pytest.raises(kind) as e:

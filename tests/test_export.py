@@ -200,6 +200,26 @@ def test_exported_msda_refuses_mismatched_tensors(msda_package):
         mod.ms_deform_attn(a[0], a[1], a[2], a[3][..., 0], a[4])
 
 
+def test_exported_msda_names_the_argument_at_fault_and_copies_strided_inputs(msda_package):
+    """What the README promises of the op's inputs (issue 32): rows of value that spatial_shapes does not describe
+    name both; a wrong spatial_shapes is not blamed on level_start_index; non-contiguous tensors are computed on
+    contiguous copies, with the same result."""
+    mod, _ = msda_package
+    a = _args(make_inputs(HELD_OUT[0], 1))
+    with pytest.raises(ValueError, match=r"^value: S = 67 positions, but levels 0\.\.3 of spatial_shapes already"):
+        mod.ms_deform_attn(a[0][:, :-1].contiguous(), *a[1:])
+    with pytest.raises(ValueError, match=r"^value: S = 69 positions, but the levels of spatial_shapes hold 68"):
+        mod.ms_deform_attn(torch.cat([a[0], a[0][:, :1]], 1), *a[1:])
+    wrong = a[1].clone()
+    wrong[0, 0] -= 1  # one row fewer in level 0: the levels hold 63
+    with pytest.raises(ValueError, match=r"^value: S = 68 positions, but the levels of spatial_shapes hold 63"):
+        mod.ms_deform_attn(a[0], wrong, *a[2:])
+    want = mod.ms_deform_attn(*a)
+    strided = [t.transpose(0, 1).contiguous().transpose(0, 1) if t.dim() > 1 else t for t in a]
+    assert not any(t.is_contiguous() for t in strided[:1] + strided[3:])
+    assert torch.equal(mod.ms_deform_attn(*strided), want)
+
+
 def test_fallback_to_the_reference_warns_once(msda_package):
     mod, _ = msda_package
     fn = mod.with_fallback()

@@ -56,17 +56,25 @@ void check_levels(MsdaState& st, const torch::Tensor& spatial_shapes, const torc
   const auto starts = level_start_index.cpu();
   const auto* h = hw.data_ptr<int64_t>();
   const auto* s0 = starts.data_ptr<int64_t>();
+  // spatial_shapes against value first, then level_start_index against spatial_shapes: a wrong spatial_shapes is
+  // reported as such, not as the level_start_index that no longer matches it
   int64_t total = 0;
   for (int64_t l = 0; l < st.L; ++l) {
     EVO_CHECK_VALUE(h[2 * l] >= 1 && h[2 * l + 1] >= 1, "spatial_shapes[", l, "] = (", h[2 * l], ", ",
                       h[2 * l + 1], "): H and W must be at least 1");
-    EVO_CHECK_VALUE(s0[l] == total, "level_start_index[", l, "] = ", s0[l], ", expected ", total,
-                      " (the sum of H * W of the levels before it)");
     EVO_CHECK_VALUE(h[2 * l] <= S && h[2 * l + 1] <= S && h[2 * l] * h[2 * l + 1] <= S - total,
-                      "spatial_shapes: levels 0..", l, " hold more than value's S = ", S, " positions");
+                      "value: S = ", S, " positions, but levels 0..", l, " of spatial_shapes already hold more",
+                      " (the sum of H * W)");
     total += h[2 * l] * h[2 * l + 1];
   }
-  EVO_CHECK_VALUE(total == S, "spatial_shapes: the levels hold ", total, " positions, value has S = ", S);
+  EVO_CHECK_VALUE(total == S, "value: S = ", S, " positions, but the levels of spatial_shapes hold ", total,
+                    " (the sum of H * W)");
+  total = 0;
+  for (int64_t l = 0; l < st.L; ++l) {
+    EVO_CHECK_VALUE(s0[l] == total, "level_start_index[", l, "] = ", s0[l], ", expected ", total,
+                      " (the sum of H * W of the levels of spatial_shapes before it)");
+    total += h[2 * l] * h[2 * l + 1];
+  }
   st.shapes_ok.remember(spatial_shapes, limits);
   st.starts_ok.remember(level_start_index, limits);
 }
