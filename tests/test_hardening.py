@@ -257,6 +257,45 @@ def test_a_store_that_fills_up_mid_run_stops_with_one_line_and_resumes(toy_dir: 
     con.close()
 
 
+def test_a_store_too_full_to_record_the_stop_stays_running_and_resumes(toy_dir: Path, monkeypatch, capsys):
+    """Once even the run's status cannot be written (a real full disk), the run stays `running` (README): one line,
+    exit 1, and `resume` continues it once there is space."""
+    from sqlalchemy.exc import OperationalError
+
+    from evoengineer.cli import main
+    from evoengineer.store import Store
+
+    real_record, real_status, real_release = Store.record_candidate, Store.set_run_status, Store.release_lease
+    calls = {"n": 0}
+
+    def disk_full(*a, **k):
+        raise OperationalError("UPDATE", {}, sqlite3.OperationalError("database or disk is full"))
+
+    def fills_up(self, run_id, rec):
+        calls["n"] += 1
+        if calls["n"] > 20:
+            monkeypatch.setattr(Store, "set_run_status", disk_full)  # from now on nothing more can be written
+            monkeypatch.setattr(Store, "release_lease", disk_full)
+            disk_full()
+        return real_record(self, run_id, rec)
+
+    monkeypatch.chdir(toy_dir)
+    monkeypatch.setattr(Store, "record_candidate", fills_up)
+    assert main(["search", *SEARCH, "--db", "sqlite:///g.db", "--quiet"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "database or disk is full" in line and "resume" in line
+    con = sqlite3.connect(toy_dir / "g.db")
+    assert con.execute("select status from runs").fetchone() == ("running",)
+    con.close()
+    for name, fn in (("record_candidate", real_record), ("set_run_status", real_status),
+                     ("release_lease", real_release)):
+        monkeypatch.setattr(Store, name, fn)  # space freed
+    assert main(["resume", "--db", "sqlite:///g.db", "--quiet"]) == 0
+    con = sqlite3.connect(toy_dir / "g.db")
+    assert con.execute("select status, (select count(*) from candidates) from runs").fetchone() == ("finished", 60)
+    con.close()
+
+
 def test_elite_json_on_a_full_disk_keeps_the_old_file(toy_dir: Path, monkeypatch, capsys):
     import errno
 
