@@ -383,10 +383,10 @@ NOISY_CV = 0.05
 def table_notes(elites: list[dict[str, Any]]) -> list[str]:
     """What the elite table's columns mean (its markers included) and, where the machine was too noisy to rank
     the elites, a warning in words."""
-    ms = [ranked_metrics(e.get("metrics", {})) for e in elites]
-    rts = [e.get("metrics", {}).get("retime") or e.get("retimed") or {} for e in elites]
     if not elites:
         return []
+    ms = [ranked_metrics(e.get("metrics", {})) for e in elites]
+    rts = [e.get("metrics", {}).get("retime") or e.get("retimed") or {} for e in elites]
     retimed = [("search_time_us" in m) for m in ms]
     if not any(retimed):
         return ["p50/p90 us, speedup: the search's timing (ranked by it; not re-timed)"]

@@ -51,8 +51,9 @@ def summarize_run(store: Store, run: RunInfo) -> RunSummary:
               for i, e in enumerate(store.elites(run.id), start=1)]
     times = [r.time_us for r in recs]
     best = min(times, default=math.inf)
-    if elites and "search_time_us" in ranked_metrics(elites[0]["metrics"]):
-        best = ranked_metrics(elites[0]["metrics"])["time_us"]  # rank 1 by the timing that ranked it
+    first = ranked_metrics(elites[0]["metrics"]) if elites else {}
+    if "search_time_us" in first:
+        best = first["time_us"]  # rank 1, by the timing that ranked it
     return RunSummary(run=run, times=times, statuses=statuses, first_reason=first_reason, elites=elites,
                       best=best, label=run_label(run))
 

@@ -73,10 +73,11 @@ class ProgressPrinter:
         budget = runner.settings.budget
         failures = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "ok") or "none"
         elites = [runner.records[h] for h in runner.elite_hashes]
-        shown = {r.hash: ranked_metrics(r.metrics).get("time_us", r.time_us) for r in elites}
+        ranked = {r.hash: ranked_metrics(r.metrics) for r in elites}  # by the timing that ranked them
+        shown = {h: m.get("time_us", runner.records[h].time_us) for h, m in ranked.items()}
         best = min((r.time_us for r in runner.records.values()), default=float("inf"))
-        if "stop" in stats and elites and any("search_time_us" in ranked_metrics(r.metrics) for r in elites):
-            best = shown[elites[0].hash]  # a finished run's best is its rank 1, by the timing that ranked it
+        if "stop" in stats and any("search_time_us" in m for m in ranked.values()):
+            best = shown[elites[0].hash]  # a finished run's best is its rank 1
         head = "done" if "stop" in stats else f"gen {generation}"
         line = (f"{head:>8} | evaluated {runner.evaluations}/{budget if budget is not None else '-'} "
                 f"| valid {counts.get('ok', 0)} | failures: {failures} "
