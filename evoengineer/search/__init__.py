@@ -5,8 +5,10 @@ from evoengineer.search.grid import GridSearch
 from evoengineer.search.optuna_search import SAMPLERS, OptunaSearch
 from evoengineer.search.random_search import RandomSearch
 from evoengineer.search.runner import Runner, SearchSettings
+from evoengineer.search.surrogate import SurrogateSearch
 
-STRATEGIES = {"ga": GeneticSearch, "random": RandomSearch, "grid": GridSearch, "optuna": OptunaSearch}
+STRATEGIES = {"ga": GeneticSearch, "random": RandomSearch, "grid": GridSearch, "optuna": OptunaSearch,
+              "surrogate": SurrogateSearch}
 
 __all__ = ["SAMPLERS", "STRATEGIES", "GeneticSearch", "GridSearch", "OptunaSearch", "RandomSearch", "Runner",
-           "SearchSettings"]
+           "SearchSettings", "SurrogateSearch"]
