@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--landscape", help="replay measurements from a recorded landscape CSV instead of running")
     s.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
     s.add_argument("--out", default="elite.json", help="elite.json path (default elite.json)")
-    s.add_argument("--strategy", default="ga", help="ga (default), random, grid or optuna")
+    s.add_argument("--strategy", default="ga", help="ga (default), surrogate, random, grid or optuna")
     s.add_argument("--sampler", help="with --strategy optuna: tpe (default), cmaes, gp, nsga2, random or qmc")
     s.add_argument("--seed", type=_positive_int)
     s.add_argument("--population", type=_positive_int)

@@ -24,7 +24,7 @@ from evoengineer.space import load_space
 ROOT = Path(__file__).resolve().parent.parent
 # (strategy, sampler): every strategy, and every Optuna sampler
 KINDS = [("ga", None), ("random", None), ("grid", None), ("optuna", "tpe"), ("optuna", "cmaes"),
-         ("optuna", "gp"), ("optuna", "nsga2"), ("optuna", "random"), ("optuna", "qmc")]
+         ("optuna", "gp"), ("optuna", "nsga2"), ("optuna", "random"), ("optuna", "qmc"), ("surrogate", None)]
 IDS = [s if p is None else f"{s}-{p}" for s, p in KINDS]
 FAILED = {"gate_failed", "timeout", "wrong"}  # the toy landscape's planted failures
 
@@ -192,7 +192,8 @@ def _stored(db: Path) -> list[str]:
 
 
 KILLS = [("ga", None, 17), ("random", None, 17), ("grid", None, 17), ("optuna", "tpe", 17), ("optuna", "cmaes", 17),
-         ("optuna", "nsga2", 17), ("optuna", "tpe", 4), ("optuna", "tpe", 29), ("optuna", "tpe", 44)]
+         ("optuna", "nsga2", 17), ("optuna", "tpe", 4), ("optuna", "tpe", 29), ("optuna", "tpe", 44),
+         ("surrogate", None, 17), ("surrogate", None, 44)]
 
 
 @pytest.mark.parametrize("strategy, sampler, kill_after", KILLS,
@@ -237,3 +238,22 @@ def test_sigkill_then_resume_measures_nothing_twice(toy_dir: Path, strategy: str
     ref_doc = json.loads((toy_dir / "ref.json").read_text())
     assert [e["hash"] for e in ref_doc["elites"]] == [e["hash"] for e in doc["elites"]]
     assert ref_doc["generation"] == doc["generation"]
+
+
+def test_surrogate_models_failures_apart_and_proposes_deterministically(toy_dir: Path):
+    """The time model sees only correct candidates (a failure is never given a time); the correctness classifier
+    sees every evaluation; the same history and seed give the same proposal, never a configuration seen before."""
+    from evoengineer.search.surrogate import SurrogateSearch
+
+    reason, runner, store, rid, ev, strat = run_strategy(toy_dir / "toy_space.toml", toy_dir / "landscape.csv",
+                                                         toy_dir / "s.db", "surrogate", None, budget=36, seed=5)
+    assert reason == "budget" and len(ev.calls) == 36
+    statuses = {r.status for r in runner.records.values()}
+    assert statuses & FAILED, "the toy landscape plants failures"
+    hist = strat.history(99)
+    assert len(hist) == 36 and all(good == (t == t) for _, good, t in hist)  # failures carry no time (NaN)
+    again = SurrogateSearch(runner)
+    first, second = strat.propose(3, 6), again.propose(3, 6)
+    assert first == second and len(first) == 6 and len(set(first)) == 6
+    seen = {g for g, _, _ in strat.history(3)}
+    assert not set(first) & seen

@@ -12,10 +12,10 @@ Each generation (after a random first batch of `population`):
   compile_error, wrong, timeout, ...) are never given a time: a separate classifier predicts the chance that a
   configuration is correct, trained on every evaluation.
 - The pool: every valid configuration not yet evaluated (a seeded sample of them when there are more than
-  `POOL`), plus every single-gene neighbour of the best few found so far.
+  `pool`), plus every single-gene neighbour of the best few found so far.
 - Slot 0 takes the pool's best by the whole forest's mean; each further slot a Thompson-style draw (the mean of a
-  random subset of the trees), all among the configurations the classifier thinks likelier correct than not; one
-  slot in `EXPLORE` is a uniform random unseen configuration (no stall on a landscape the model reads wrong).
+  random subset of the trees), all among the configurations the classifier thinks likely correct; one slot in
+  `explore` is a uniform random unseen configuration (no stall on a landscape the model reads wrong).
 
 Everything is seeded by (seed, generation) and the model is trained on the generations before the one it proposes,
 so a resumed run proposes exactly what the uninterrupted one did; the checkpoint holds only the generation.
@@ -25,21 +25,24 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from evoengineer.search.runner import Runner
 
-#: trees per forest; configurations scored per generation at most (plus the incumbents' neighbours)
-TREES = 64
-POOL = 20_000
-#: incumbents whose single-gene neighbours join the pool
-INCUMBENTS = 5
-#: one slot in EXPLORE (rounded up) is a uniform random unseen configuration
-EXPLORE = 8
-#: trees in one Thompson-style draw
-DRAW_TREES = 8
+@dataclass(frozen=True)
+class SurrogateParams:
+    """The strategy's settings (tuned on seeds the benchmark does not report: experiments/strategies/)."""
+
+    trees: int = 64  # per forest
+    pool: int = 20_000  # unseen configurations scored per generation at most (plus the incumbents' neighbours)
+    incumbents: int = 5  # the best found so far whose single-gene neighbours join the pool
+    explore: int = 8  # one slot in `explore` (rounded up) is a uniform random unseen configuration; 0: none
+    draw_trees: int = 8  # trees in one Thompson-style draw
+    p_correct: float = 0.3  # the classifier's chance of a correct result a proposal needs
+    spread: int = 10  # the first batch: the most spread of spread x population random draws (1: plain random)
 
 
 def _sklearn():
@@ -72,23 +75,31 @@ class GenomeEncoder:
 class SurrogateSearch:
     name = "surrogate"
 
-    def __init__(self, runner: Runner):
+    def __init__(self, runner: Runner, params: SurrogateParams | None = None):
         self.runner = runner
+        self.params = params or SurrogateParams()
         self.space = runner.space
         self.encode = GenomeEncoder(self.space)
         self._valid: np.ndarray | None = None
-        self._valid_set: set[tuple[int, ...]] | None = None
+        self._weights = self._codes = np.zeros(0, dtype=np.int64)
 
     # ---- the valid set ---------------------------------------------------------------------------------------
     def valid(self) -> np.ndarray:
+        """Every valid genome (rows, in lexicographic order)."""
         if self._valid is None:
             self._valid = np.asarray(self.space.valid_genomes(), dtype=np.int32).reshape(-1, len(self.space.names))
+            radix = [len(p.values) for p in self.space.parameters]
+            self._weights = np.asarray([math.prod(radix[i + 1:]) for i in range(len(radix))], dtype=np.int64)
+            # one integer per genome (mixed radix): in lexicographic order, so already sorted
+            self._codes = self._valid.astype(np.int64) @ self._weights
         return self._valid
 
-    def is_valid(self, genome: tuple[int, ...]) -> bool:
-        if self._valid_set is None:
-            self._valid_set = set(map(tuple, self.valid().tolist()))
-        return genome in self._valid_set
+    def _rows_of(self, genomes: np.ndarray) -> np.ndarray:
+        """Each genome's row in `valid()`, or -1 where it is not valid."""
+        self.valid()
+        codes = genomes.astype(np.int64) @ self._weights
+        pos = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
+        return np.where(self._codes[pos] == codes, pos, -1)
 
     # ---- proposals -------------------------------------------------------------------------------------------
     def history(self, generation: int) -> list[tuple[tuple[int, ...], bool, float]]:
@@ -116,31 +127,34 @@ class SurrogateSearch:
         if total - len(seen) <= 0:
             return []
         n = min(n, total - len(seen))
-        if len(ok) < 2 or generation == 0:
+        if generation == 0:
+            return self._spread(rng, seen, n)
+        if len(ok) < 2:
             return self._random_unseen(rng, seen, n)
-        pool = self._pool(rng, seen, [g for g, _ in sorted(ok, key=lambda x: x[1])[:INCUMBENTS]])
+        P = self.params
+        pool = self._pool(rng, seen, [g for g, _ in sorted(ok, key=lambda x: x[1])[:P.incumbents]])
         if len(pool) == 0:
             return self._random_unseen(rng, seen, n)
         Regressor, Classifier = _sklearn()
         seed = rng.randrange(2**31)
         x_ok = self.encode(np.asarray([g for g, _ in ok], dtype=np.int32))
         y = np.log(np.asarray([t for _, t in ok], dtype=np.float64))
-        forest = Regressor(n_estimators=TREES, min_samples_leaf=1, max_features=1.0, random_state=seed, n_jobs=1)
+        forest = Regressor(n_estimators=P.trees, min_samples_leaf=1, max_features=1.0, random_state=seed, n_jobs=1)
         forest.fit(x_ok, y)
         x_pool = self.encode(pool)
         per_tree = np.stack([t.predict(x_pool) for t in forest.estimators_])  # trees x pool
         p_ok = self._p_correct(seen_rows, x_pool, seed)
-        likely = p_ok >= 0.5
+        likely = p_ok >= P.p_correct
         if not likely.any():
             likely = p_ok >= p_ok.max()
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
-        explore = math.ceil(n / EXPLORE) if n > 1 else 0
+        explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
         for slot in range(n - explore):
             if slot == 0:
                 score = per_tree.mean(axis=0)
             else:
-                trees = rng.sample(range(TREES), DRAW_TREES)
+                trees = rng.sample(range(P.trees), min(P.draw_trees, P.trees))
                 score = per_tree[trees].mean(axis=0)
             score = np.where(likely & ~taken, score, np.inf)
             best = int(np.argmin(score))
@@ -160,29 +174,50 @@ class SurrogateSearch:
         if labels.all() or not labels.any():
             return np.full(len(x_pool), 1.0 if labels.all() else 0.5)
         _, Classifier = _sklearn()
-        clf = Classifier(n_estimators=TREES, min_samples_leaf=1, random_state=seed, n_jobs=1)
+        clf = Classifier(n_estimators=self.params.trees, min_samples_leaf=1, random_state=seed, n_jobs=1)
         clf.fit(self.encode(np.asarray([g for g, _, _ in rows], dtype=np.int32)), labels)
         return clf.predict_proba(x_pool)[:, list(clf.classes_).index(True)]
 
     def _pool(self, rng: random.Random, seen: set[tuple[int, ...]],
               incumbents: list[tuple[int, ...]]) -> np.ndarray:
-        """Unseen valid configurations to score: all of them, or a seeded sample of POOL, plus the incumbents'
-        valid single-gene neighbours."""
+        """Unseen valid configurations to score: all of them, or a seeded sample of `pool`, plus the incumbents'
+        valid single-gene neighbours (as rows of `valid()`, sorted)."""
         valid = self.valid()
-        if len(valid) <= POOL:
-            rows = [i for i in range(len(valid))]
+        if len(valid) <= self.params.pool:
+            rows = np.arange(len(valid))
         else:
-            rows = rng.sample(range(len(valid)), POOL)
-        picked = {tuple(valid[i].tolist()) for i in rows}
+            rows = np.asarray(rng.sample(range(len(valid)), self.params.pool), dtype=np.int64)
+        near = []
         for g in incumbents:
             for d, p in enumerate(self.space.parameters):
-                for v in range(len(p.values)):
-                    if v != g[d]:
-                        nb = g[:d] + (v,) + g[d + 1:]
-                        if nb not in picked and self.is_valid(nb):
-                            picked.add(nb)
-        unseen = sorted(g for g in picked if g not in seen)
-        return np.asarray(unseen, dtype=np.int32).reshape(-1, len(self.space.names))
+                nb = np.tile(np.asarray(g, dtype=np.int32), (len(p.values), 1))
+                nb[:, d] = np.arange(len(p.values))
+                near.append(nb)
+        if near:
+            found = self._rows_of(np.concatenate(near))
+            rows = np.concatenate([rows, found[found >= 0]])
+        rows = np.unique(rows)
+        if seen:
+            seen_rows = self._rows_of(np.asarray(sorted(seen), dtype=np.int32))
+            rows = rows[~np.isin(rows, seen_rows)]
+        return valid[rows]
+
+    def _spread(self, rng: random.Random, seen: set[tuple[int, ...]], n: int) -> list[tuple[int, ...]]:
+        """The first batch: `n` configurations spread over the space (greedy max-min distance, in genes that
+        differ, among `spread` x n random ones), so the first model sees every gene's values."""
+        if self.params.spread <= 1:
+            return self._random_unseen(rng, seen, n)
+        drawn = self._random_unseen(rng, seen, self.params.spread * n)
+        if len(drawn) <= n:
+            return drawn
+        g = np.asarray(drawn, dtype=np.int32)
+        picked = [0]
+        dist = (g != g[0]).sum(axis=1)
+        while len(picked) < n:
+            i = int(np.argmax(dist))  # the first of the farthest: deterministic
+            picked.append(i)
+            dist = np.minimum(dist, (g != g[i]).sum(axis=1))
+        return [drawn[i] for i in picked]
 
     def _random_unseen(self, rng: random.Random, seen: set[tuple[int, ...]], n: int) -> list[tuple[int, ...]]:
         valid = self.valid()

@@ -36,6 +36,7 @@ from evoengineer.evaluators.replay import ReplayEvaluator  # noqa: E402
 from evoengineer.report.convergence import best_so_far  # noqa: E402
 from evoengineer.search import STRATEGIES, Runner, SearchSettings  # noqa: E402
 from evoengineer.search.ga import GAParams, GeneticSearch  # noqa: E402
+from evoengineer.search.surrogate import SurrogateParams, SurrogateSearch  # noqa: E402
 from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "strategies" / "results"
@@ -111,7 +112,12 @@ def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
         runner = Runner(space=space, evaluator=evaluator, store=store, run=store.get_run(run_id), settings=settings,
                         out=work / f"{db.stem}.elite.json",
                         observers=[StopAtTarget(opt * (1 + stop_within), min_evals)])
-        search = GeneticSearch(runner, ga_params) if strategy == "ga" else STRATEGIES[strategy](runner)
+        if strategy == "ga":
+            search = GeneticSearch(runner, ga_params)
+        elif strategy == "surrogate":
+            search = SurrogateSearch(runner, SurrogateParams(**job.get("surrogate", {})))
+        else:
+            search = STRATEGIES[strategy](runner)
         reason = search.run(None)
         store.set_run_status(run_id, "finished", reason)
         times = [r.time_us for r in store.candidates(run_id)]
@@ -279,6 +285,19 @@ def parse_ga(text: str | None) -> dict[str, Any]:
     return out
 
 
+def parse_surrogate(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    fields = {f.name for f in dataclasses.fields(SurrogateParams)}
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        k, _, v = item.partition("=")
+        if k not in fields:
+            raise SystemExit(f"--surrogate: unknown setting {k!r} (known: {', '.join(sorted(fields))})")
+        out[k] = float(v) if "." in v else int(v)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--landscapes", default=",".join(LANDSCAPES))
@@ -286,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--population", type=int, help="for every strategy (default: each space's [search] value)")
     ap.add_argument("--ga", help="GA settings under test: population=N,cxpb=F,mutpb=F,indpb=F,tournsize=N")
+    ap.add_argument("--surrogate", help="surrogate settings under test: trees=N,explore=N,draw_trees=N,...")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1 (tuning: other seeds)")
     ap.add_argument("--cap", type=float, default=1.0, help="most evaluations per run, as a fraction of the space")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--work", default="/tmp/evo-strategy-bench", help="databases of the runs")
@@ -311,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         size[land] = space.count_valid()
         pop = ga.get("population") or a.population or int(space.search.get("population", 16))
         for s in strategies:
-            jobs.append({"landscape": land, "strategy": s, "seeds": list(range(a.seeds)), "work": str(work),
+            jobs.append({"landscape": land, "strategy": s, "work": str(work),
+                         "seeds": list(range(a.first_seed, a.first_seed + a.seeds)),
+                         "surrogate": parse_surrogate(a.surrogate),
                          "tag": tag, "cap": a.cap, "population": pop if s == "ga" else (a.population or pop),
                          "ga": {k: v for k, v in ga.items() if k != "population"}})
     t0 = time.monotonic()
