@@ -15,7 +15,9 @@ Each generation (after a random first batch of `population`):
   `pool`), plus every single-gene neighbour of the best few found so far.
 - Slot 0 takes the pool's best by the whole forest's mean; each further slot a Thompson-style draw (the mean of a
   random subset of the trees), all among the configurations the classifier thinks likely correct; one slot in
-  `explore` is a uniform random unseen configuration (no stall on a landscape the model reads wrong).
+  `explore` explores: the farthest from every evaluation of a few random unseen configurations (half the batch
+  once the best time has not improved for `stall` generations), so a landscape the model reads wrong (an optimum
+  hidden away from where the model looks) does not stall it.
 
 Everything is seeded by (seed, generation) and the model is trained on the generations before the one it proposes,
 so a resumed run proposes exactly what the uninterrupted one did; the checkpoint holds only the generation.
@@ -39,7 +41,9 @@ class SurrogateParams:
     trees: int = 64  # per forest
     pool: int = 20_000  # unseen configurations scored per generation at most (plus the incumbents' neighbours)
     incumbents: int = 5  # the best found so far whose single-gene neighbours join the pool
-    explore: int = 8  # one slot in `explore` (rounded up) is a uniform random unseen configuration; 0: none
+    explore: int = 8  # one slot in `explore` (rounded up) explores (far from what was seen); 0: none
+    stall: int = 3  # generations without a better time after which half of each batch explores
+    far_draws: int = 32  # an exploring slot takes the farthest from every evaluation of this many random draws
     draw_trees: int = 8  # trees in one Thompson-style draw
     p_correct: float = 0.3  # the classifier's chance of a correct result a proposal needs
     spread: int = 10  # the first batch: the most spread of spread x population random draws (1: plain random)
@@ -150,6 +154,8 @@ class SurrogateSearch:
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
         explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
+        if n > 1 and P.stall > 0 and self._stalled_for(generation) >= P.stall:
+            explore = max(explore, n // 2)  # the model's region looks spent: look elsewhere harder
         for slot in range(n - explore):
             if slot == 0:
                 score = per_tree.mean(axis=0)
@@ -163,8 +169,36 @@ class SurrogateSearch:
             chosen.append(best)
             taken[best] = True
         picks = [tuple(int(v) for v in pool[i]) for i in chosen]
-        picks += self._random_unseen(rng, seen | set(picks), n - len(picks))
+        picks += self._far_unseen(rng, seen, picks, n - len(picks))
         return picks
+
+    def _stalled_for(self, generation: int) -> int:
+        """Generations (before `generation`) since the best time so far was first reached."""
+        best, when = math.inf, 0
+        for r in self.runner.records.values():
+            if r.generation < generation and r.status == "ok" and (r.time_us, r.generation) < (best, when):
+                best, when = r.time_us, r.generation
+        return generation - 1 - when if math.isfinite(best) else 0
+
+    def _far_unseen(self, rng: random.Random, seen: set[tuple[int, ...]], picked: list[tuple[int, ...]],
+                    n: int) -> list[tuple[int, ...]]:
+        """`n` exploring picks: each the farthest (fewest genes in common with any evaluated or picked
+        configuration) of `far_draws` random unseen ones; deceptive and needle landscapes hide their best away
+        from where the model has been looking."""
+        out: list[tuple[int, ...]] = []
+        if n <= 0:
+            return out
+        ref = np.asarray(sorted(seen | set(picked)), dtype=np.int32).reshape(-1, len(self.space.names))
+        for _ in range(n):
+            draws = self._random_unseen(rng, seen | set(picked) | set(out), max(1, self.params.far_draws))
+            if not draws:
+                break
+            d = np.asarray(draws, dtype=np.int32)
+            dist = (d[:, None, :] != ref[None, :, :]).sum(axis=2).min(axis=1) if len(ref) else np.zeros(len(d))
+            g = draws[int(np.argmax(dist))]
+            out.append(g)
+            ref = np.vstack([ref, np.asarray(g, dtype=np.int32)[None, :]])
+        return out
 
     def _p_correct(self, rows: Sequence[tuple[tuple[int, ...], bool, float]], x_pool: np.ndarray,
                    seed: int) -> np.ndarray:

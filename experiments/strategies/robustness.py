@@ -18,7 +18,7 @@ strategy and budget (share of the valid space): how many seeds found the optimum
 
     python experiments/strategies/robustness.py [--spaces sdpa_fp16_d64] [--families all] [--seeds 20]
         [--seed-base 0] [--strategies ga,random,optuna-tpe] [--jobs 2] [--work DIR] [--out DIR] [--tag TAG]
-        [--cap 1.0] [--reuse] [--ga immigrants=0.1,...]
+        [--cap 1.0] [--reuse] [--ga immigrants=0.1,...] [--surrogate stall=3,...]
 
 Tune with one --seed-base (e.g. 1000) and report with another (0). Runs of the strategies other than the GA do not
 depend on the GA: with --reuse, their results from an earlier invocation (kept under WORK/cache/, keyed by space,
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--strategies", default="ga,random,optuna-tpe")
     ap.add_argument("--population", type=int, default=12)
     ap.add_argument("--ga", default="", help="GA settings under test, e.g. immigrants=0.1,prescreen=8")
+    ap.add_argument("--surrogate", default="", help="surrogate settings under test, e.g. stall=3,explore=8")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--work", default="/tmp/evo-robustness")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -165,7 +166,7 @@ def main() -> None:
                     "(budgets above it are not reported)")
     ap.add_argument("--reuse", action="store_true", help="read back cached runs of the strategies other than ga")
     a = ap.parse_args()
-    from benchmark import parse_ga
+    from benchmark import parse_ga, parse_surrogate
 
     families = FAMILIES if a.families == "all" else tuple(a.families.split(","))
     work = Path(a.work)
@@ -181,7 +182,8 @@ def main() -> None:
                 for strat in a.strategies.split(","):
                     jobs.append({"landscape": f"{sp_name}__{fam}__{seed}", "paths": (str(space_file), str(land)),
                                  "strategy": strat, "seeds": [seed], "work": str(work), "tag": a.tag,
-                                 "ga": parse_ga(a.ga), "cap": a.cap, "population": a.population,
+                                 "ga": parse_ga(a.ga), "surrogate": parse_surrogate(a.surrogate),
+                                 "cap": a.cap, "population": a.population,
                                  "stop_within": 0.0, "min_evals": 0, "keep_times": True,
                                  "meta": {"family": fam, "space": sp_name}})
     t0 = time.monotonic()
