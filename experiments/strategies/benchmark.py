@@ -181,26 +181,35 @@ def _ratio(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:.3f}"
 
 
+def metric_head(n_valid: int) -> list[str]:
+    """The metric columns' headers (evals to 1/2/5%, best@5/10/20% of the space), shared with the peer tables."""
+    return [f"evals to {round(x * 100)}% med / p90" for x in WITHIN] + \
+        [f"best@{round(f * 100)}% ({math.ceil(f * n_valid)}) med / p90" for f in BUDGETS]
+
+
+def metric_cells(d: dict[str, Any], n_valid: int) -> list[str]:
+    """One strategy's summary (`summarize`) as the cells under `metric_head`."""
+    cells = []
+    for x in WITHIN:
+        e = d[f"evals_to_{round(x * 100)}pct"]
+        cells.append(f"{_evals(e['median'], e['censored_at'], n_valid)} / {_evals(e['p90'], e['censored_at'], n_valid)}")
+    for f in BUDGETS:
+        b = d[f"best_at_{round(f * 100)}pct"]
+        cells.append(f"{_ratio(b['median'])} / {_ratio(b['p90'])}")
+    return cells
+
+
 def format_table(summary: dict[str, Any], n_seeds: int) -> str:
     lines = []
     for land, by in summary.items():
         n_valid = next(iter(by.values()))["n_valid"]
         lines.append(f"\n### {land}: {n_valid} valid configurations, {n_seeds} seeds "
                      f"(grid: 1 run, it is deterministic)\n")
-        head = ["strategy"] + [f"evals to {round(x * 100)}% med / p90" for x in WITHIN] + \
-               [f"best@{round(f * 100)}% ({math.ceil(f * n_valid)}) med / p90" for f in BUDGETS]
+        head = ["strategy", *metric_head(n_valid)]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for strat, d in by.items():
-            cells = [strat]
-            for x in WITHIN:
-                e = d[f"evals_to_{round(x * 100)}pct"]
-                cells.append(f"{_evals(e['median'], e['censored_at'], n_valid)} / "
-                             f"{_evals(e['p90'], e['censored_at'], n_valid)}")
-            for f in BUDGETS:
-                b = d[f"best_at_{round(f * 100)}pct"]
-                cells.append(f"{_ratio(b['median'])} / {_ratio(b['p90'])}")
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join([strat, *metric_cells(d, n_valid)]) + " |")
     lines.append("\nbest@B: best time found within the first B evaluations, as a ratio to the landscape's optimum.")
     return "\n".join(lines)
 

@@ -67,7 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import (BUDGETS, LANDSCAPES, RESULTS, ROOT, WITHIN, _evals, _json_safe, _ratio,  # noqa: E402
+from benchmark import (BUDGETS, LANDSCAPES, RESULTS, ROOT, WITHIN, _json_safe, metric_cells, metric_head,  # noqa: E402
                        nearest_rank, run_metrics, summarize)
 from evoengineer.evaluators.replay import BUILD_FAILURES, Landscape  # noqa: E402
 from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
@@ -292,21 +292,12 @@ def format_table(summary: dict[str, Any], n_seeds: int, runs: list[dict[str, Any
         n_valid = next(iter(by.values()))["n_valid"]
         lines.append(f"\n### {land}: {n_valid} valid configurations, {n_seeds} seeds (Kernel Tuner "
                      f"{KERNEL_TUNER_VERSION}, simulation mode)\n")
-        head = ["strategy"] + [f"evals to {round(x * 100)}% med / p90" for x in WITHIN] + \
-               [f"best@{round(f * 100)}% ({math.ceil(f * n_valid)}) med / p90" for f in BUDGETS] + \
-               ["evals med", "runs that stopped early"]
+        head = ["strategy", *metric_head(n_valid), "evals med", "runs that stopped early"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for strat, d in by.items():
             mine = [r for r in runs if r["landscape"] == land and r["strategy"] == strat]
-            cells = [strat]
-            for x in WITHIN:
-                e = d[f"evals_to_{round(x * 100)}pct"]
-                cells.append(f"{_evals(e['median'], e['censored_at'], n_valid)} / "
-                             f"{_evals(e['p90'], e['censored_at'], n_valid)}")
-            for f in BUDGETS:
-                b = d[f"best_at_{round(f * 100)}pct"]
-                cells.append(f"{_ratio(b['median'])} / {_ratio(b['p90'])}")
+            cells = [strat, *metric_cells(d, n_valid)]
             cells.append(str(int(nearest_rank([r["evaluations"] for r in mine], 0.5))))
             early = [r for r in mine if r["stop"] in ("strategy returned", "error")]
             cells.append(f"{len(early)}" + (f" (median {int(nearest_rank([r['evaluations'] for r in early], 0.5))} "
@@ -315,7 +306,8 @@ def format_table(summary: dict[str, Any], n_seeds: int, runs: list[dict[str, Any
     lines.append("\nbest@B: best time found within the first B evaluations, as a ratio to the landscape's optimum "
                  "('-': fewer evaluations, or none correct). evals med: distinct configurations evaluated per run "
                  "(a run stops once within 1% after 20% of the space). Runs that stopped early: the strategy returned "
-                 "(or failed) before max_fevals without having reached 1%.")
+                 "(or failed) before max_fevals and before that stop, with its own iteration limit or convergence "
+                 "test at Kernel Tuner's defaults (it may have reached 1% before it returned).")
     return "\n".join(lines)
 
 
