@@ -307,6 +307,15 @@ def parse_surrogate(text: str | None) -> dict[str, Any]:
     return out
 
 
+def landscape_names(text: str) -> list[str]:
+    """--landscapes A,B: known names of LANDSCAPES, else exit with the known ones."""
+    lands = [x for x in text.split(",") if x]
+    for x in lands:
+        if x not in LANDSCAPES:
+            raise SystemExit(f"--landscapes: unknown {x!r} (known: {', '.join(LANDSCAPES)})")
+    return lands
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--landscapes", default=",".join(LANDSCAPES))
@@ -322,10 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS), help="where the table, JSON and PNG go")
     ap.add_argument("--tag", default="", help="suffix of the output names")
     a = ap.parse_args(argv)
-    lands = [x for x in a.landscapes.split(",") if x]
-    for x in lands:
-        if x not in LANDSCAPES:
-            raise SystemExit(f"--landscapes: unknown {x!r} (known: {', '.join(LANDSCAPES)})")
+    lands = landscape_names(a.landscapes)
     strategies = [x for x in a.strategies.split(",") if x]
     for s in strategies:
         split_strategy(s)

@@ -67,8 +67,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import (BUDGETS, LANDSCAPES, RESULTS, ROOT, WITHIN, _json_safe, metric_cells, metric_head,  # noqa: E402
-                       nearest_rank, run_metrics, summarize)
+from benchmark import (BUDGETS, LANDSCAPES, RESULTS, ROOT, WITHIN, _json_safe, landscape_names,  # noqa: E402
+                       metric_cells, metric_head, nearest_rank, run_metrics, summarize)
 from evoengineer.evaluators.replay import BUILD_FAILURES, Landscape  # noqa: E402
 from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
 
@@ -332,10 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if version != KERNEL_TUNER_VERSION:
         print(f"warning: Kernel Tuner {version}, the results were recorded with {KERNEL_TUNER_VERSION}",
               file=sys.stderr)
-    lands = [x for x in a.landscapes.split(",") if x]
-    for x in lands:
-        if x not in LANDSCAPES:
-            raise SystemExit(f"--landscapes: unknown {x!r} (known: {', '.join(LANDSCAPES)})")
+    lands = landscape_names(a.landscapes)
     from kernel_tuner.interface import strategy_map
 
     strategies = [x for x in a.strategies.split(",") if x]
