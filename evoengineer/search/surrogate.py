@@ -139,7 +139,7 @@ class SurrogateSearch:
         pool = self._pool(rng, seen, [g for g, _ in sorted(ok, key=lambda x: x[1])[:P.incumbents]])
         if len(pool) == 0:
             return self._random_unseen(rng, seen, n)
-        Regressor, Classifier = _sklearn()
+        Regressor, _ = _sklearn()
         seed = rng.randrange(2**31)
         x_ok = self.encode(np.asarray([g for g, _ in ok], dtype=np.int32))
         y = np.log(np.asarray([t for _, t in ok], dtype=np.float64))
