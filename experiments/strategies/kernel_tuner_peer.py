@@ -13,12 +13,15 @@ Kernel Tuner (the public `kernel_tuner` package, 1.5.0) can replay a search from
   as kernel_tuner.tune_cache builds from a cache), so Kernel Tuner's search space is exactly our valid set (checked:
   528 / 2781 / 360 configurations);
 - tunes with each strategy, seeds 0..N-1, with `strategy_options={"max_fevals": <size of the space>}` and every other
-  strategy option at Kernel Tuner's default. Kernel Tuner's strategies draw from Python's `random` and NumPy's global
-  RNG (and the SciPy optimizers from NumPy's), so both are seeded with the run's seed before the run (`seed=` is
-  passed to tune_kernel too, which only its pymoo strategies read). Its Latin hypercube samples (bayes_opt's initial
-  sample, diff_evo's population) come from scipy.stats.qmc.LatinHypercube without a seed, i.e. from OS entropy: the
-  script hands it a Generator seeded with the run's seed. A run is then reproducible (checked across processes and
-  PYTHONHASHSEED values);
+  strategy option at Kernel Tuner's default, but for bayes_opt's method: multi-fast, what its default
+  (multi-ultrafast) does on a device, where an evaluation is slow; in simulation the default refits its model only
+  every 6th round, at points set by wall-clock timings (see STRATEGY_OPTIONS). Kernel Tuner's strategies draw from
+  Python's `random` and NumPy's global RNG (and the SciPy optimizers from NumPy's), so both are seeded with the run's
+  seed before the run (`seed=` is passed to tune_kernel too, which only its pymoo strategies read). Its Latin
+  hypercube samples (bayes_opt's initial sample, diff_evo's population) come from scipy.stats.qmc.LatinHypercube
+  without a seed, i.e. from OS entropy: the script hands it a Generator seeded with the run's seed. A run is then
+  reproducible (checked: the same metrics and curves whatever the process, the order of the runs in it and
+  PYTHONHASHSEED);
 - counts a run's evaluations as the distinct configurations in the results list tune_kernel returns, in order (its
   list repeats a configuration a strategy asks for again; the repeat is free, as in our runner), and computes
   benchmark.run_metrics on their recorded times (failures as inf).
@@ -48,7 +51,8 @@ into it (to read the landscapes and reuse benchmark.py's metrics):
 The one command (results: experiments/strategies/results/kernel_tuner_peer.md and .json):
 
     /tmp/ktvenv/bin/python experiments/strategies/kernel_tuner_peer.py
-    /tmp/ktvenv/bin/python experiments/strategies/kernel_tuner_peer.py --landscapes sdpa_fp16_d64 --strategies bayes_opt --seeds 3 --tag try
+    /tmp/ktvenv/bin/python experiments/strategies/kernel_tuner_peer.py --landscapes sdpa_fp16_d64 \\
+        --strategies bayes_opt --seeds 3 --out /tmp/kt-try     # a quick look
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+# one BLAS thread per process (set before NumPy loads; the pool's processes inherit it): the processes are the
+# parallelism, and bayes_opt's Gaussian process is 4x slower with threads competing for the cores
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark import (BUDGETS, LANDSCAPES, RESULTS, ROOT, WITHIN, _json_safe, landscape_names,  # noqa: E402
@@ -74,9 +83,10 @@ from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
 
 # every strategy of Kernel Tuner 1.5.0 that is single-objective, needs no extra package (skopt: scikit-optimize;
 # pyatf_strategies: pyATF) and is not the exhaustive brute_force
-DEFAULT_STRATEGIES = ["bayes_opt", "bayes_opt[failures=1e20]", "genetic_algorithm", "dual_annealing", "simulated_annealing", "random_sample",
-                      "greedy_ils", "mls", "greedy_mls", "ordered_greedy_mls", "pso", "firefly_algorithm", "diff_evo",
-                      "basinhopping", "minimize", "hybrid_vndx", "adaptive_tabu_greywolf"]
+DEFAULT_STRATEGIES = ["bayes_opt", "bayes_opt[failures=1e20]", "genetic_algorithm", "dual_annealing",
+                      "simulated_annealing", "random_sample", "greedy_ils", "mls", "greedy_mls", "ordered_greedy_mls",
+                      "pso", "firefly_algorithm", "diff_evo", "basinhopping", "minimize", "hybrid_vndx",
+                      "adaptive_tabu_greywolf"]
 KERNEL_TUNER_VERSION = "1.5.0"
 PROBLEM_SIZE = (1,)  # a cache records its problem size; any, as long as the cache and the call agree
 
@@ -146,7 +156,7 @@ class Problem:
         return FunctionConstraint(in_our_valid_set)
 
 
-# ---- the stop rule: Kernel Tuner's budget, marked spent once the target is met ----------------------------------------
+# ---- the stop rule: Kernel Tuner's budget, marked spent once the target is met ---------------------------------------
 _STOP: dict[str, Any] = {}  # target_ms, min_evals, best_ms, stopped: set per run by run_one
 
 
@@ -200,6 +210,14 @@ def seed_latin_hypercube(seed: int) -> None:
 # failures bayes_opt's marker instead: what its model does when it can tell failures apart (a diagnostic, not
 # Kernel Tuner as shipped).
 VARIANTS = {"bayes_opt[failures=1e20]": ("bayes_opt", 1e20)}
+
+# Options besides max_fevals. bayes_opt's default method, multi-ultrafast, decides from wall-clock timings whether to
+# refit its Gaussian process: after every round of its three acquisition functions while an evaluation takes at least 5
+# times as long as a prediction (always so on a device: a compile and a benchmark against milliseconds), otherwise only
+# every 6th round. In simulation an evaluation takes microseconds, so it would refit every 6th round, at points that
+# depend on timing jitter (two full runs differed in 31 of their 180 bayes_opt runs). multi-fast is the same method
+# refitting after every round: the default's behaviour on a device, and deterministic.
+STRATEGY_OPTIONS = {"bayes_opt": {"method": "multi-fast"}}
 
 
 def failure_cost(value: float | None) -> None:
@@ -255,7 +273,9 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         try:
             results, _env = tune_kernel(p.land, "", PROBLEM_SIZE, [], p.tune_params, restrictions=restrictions,
-                                        strategy=kt_strategy, strategy_options={"max_fevals": p.n_valid},
+                                        strategy=kt_strategy,
+                                        strategy_options={"max_fevals": p.n_valid,
+                                                          **STRATEGY_OPTIONS.get(kt_strategy, {})},
                                         cache=str(p.cache_file), simulation_mode=True, objective="time",
                                         quiet=True, verbose=False, seed=seed)
         except Exception as exc:  # a strategy that breaks: recorded, the table says so
