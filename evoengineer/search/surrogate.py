@@ -86,6 +86,7 @@ class SurrogateSearch:
         self.encode = GenomeEncoder(self.space)
         self._valid: np.ndarray | None = None
         self._weights = self._codes = np.zeros(0, dtype=np.int64)
+        self._genome_of: dict[str, tuple[int, ...] | None] = {}  # record hash -> its genome
 
     # ---- the valid set ---------------------------------------------------------------------------------------
     def valid(self) -> np.ndarray:
@@ -113,11 +114,14 @@ class SurrogateSearch:
         for r in self.runner.records.values():
             if r.generation >= generation:
                 continue
-            try:
-                g = tuple(self.space.params_to_genome(r.params))
-            except Exception:
-                continue  # not a configuration of this space
-            out.append((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan))
+            if r.hash not in self._genome_of:  # parsed (and checked) once per record, not every generation
+                try:
+                    self._genome_of[r.hash] = tuple(self.space.params_to_genome(r.params))
+                except Exception:
+                    self._genome_of[r.hash] = None  # not a configuration of this space
+            g = self._genome_of[r.hash]
+            if g is not None:
+                out.append((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan))
         return sorted(out)
 
     def propose(self, generation: int, n: int) -> list[tuple[int, ...]]:
@@ -188,15 +192,17 @@ class SurrogateSearch:
         out: list[tuple[int, ...]] = []
         if n <= 0:
             return out
-        ref = np.asarray(sorted(seen | set(picked)), dtype=np.int32).reshape(-1, len(self.space.names))
+        taken = seen | set(picked)
+        ref = np.asarray(sorted(taken), dtype=np.int32).reshape(-1, len(self.space.names))
         for _ in range(n):
-            draws = self._random_unseen(rng, seen | set(picked) | set(out), max(1, self.params.far_draws))
+            draws = self._random_unseen(rng, taken, max(1, self.params.far_draws))
             if not draws:
                 break
             d = np.asarray(draws, dtype=np.int32)
             dist = (d[:, None, :] != ref[None, :, :]).sum(axis=2).min(axis=1) if len(ref) else np.zeros(len(d))
             g = draws[int(np.argmax(dist))]
             out.append(g)
+            taken.add(g)
             ref = np.vstack([ref, np.asarray(g, dtype=np.int32)[None, :]])
         return out
 
