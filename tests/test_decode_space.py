@@ -20,8 +20,9 @@ SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
-def test_the_three_spaces_ship():
-    assert [p.stem for p in SPACES] == ["decode_fp16_d128", "decode_fp8kv_d128", "decode_fp8kv_d64"]
+def test_the_spaces_ship():
+    assert [p.stem for p in SPACES] == ["decode_fp16_d128", "decode_fp16_d128_paged", "decode_fp8kv_d128",
+                                        "decode_fp8kv_d128_paged", "decode_fp8kv_d64"]
 
 
 def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
@@ -74,6 +75,7 @@ def test_space_matches_the_template(space_file: Path):
         assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
         assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
         assert ("cp.async.bulk.shared::cluster" in src) and ("cp.async.cg.shared.global" in src)
+        assert t["kPaged"] == str(sig.get("KV_LAYOUT") == "paged").lower()
 
 
 @pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
@@ -90,6 +92,36 @@ def test_correctness_shapes_cover_the_issue(space_file: Path):
     assert all(s.get("fresh") for s in space.shapes)
     if space.signature["KV_DTYPE"] == "float8_e4m3":
         assert timed[0]["fp16_max_abs_err"] == 0.06
+    if space.signature.get("KV_LAYOUT") == "paged":  # page sizes 16, 32, 64; the timed shape at 16
+        assert {16, 32, 64} <= {s["page_size"] for s in space.shapes} and timed[0]["page_size"] == 16
+    else:
+        assert not any("page_size" in s for s in space.shapes)
+
+
+def test_paged_spaces_are_their_contiguous_spaces_with_pages():
+    """A paged space searches the genes of its contiguous twin (same parameters and constraints)."""
+    for paged in SPACES:
+        if not paged.stem.endswith("_paged"):
+            continue
+        a, b = load_space(paged), load_space(SPACES_DIR / f"{paged.stem[:-len('_paged')]}.toml")
+        assert [(x.name, x.values) for x in a.parameters] == [(x.name, x.values) for x in b.parameters]
+        assert [c.text for c in a.constraints] == [c.text for c in b.constraints] and a.gates == b.gates
+        assert {k: v for k, v in a.signature.items() if k != "KV_LAYOUT"} == b.signature
+
+
+def test_a_paged_space_needs_page_sizes(tmp_path: Path):
+    from evoengineer.errors import UserError
+
+    text = (SPACES_DIR / "decode_fp16_d128_paged.toml").read_text()
+    (tmp_path / "a.toml").write_text(text.replace("page_size = 64\n", ""))
+    (tmp_path / "b.toml").write_text(text.replace('KV_LAYOUT = "paged"', 'KV_LAYOUT = "blocked"'))
+    (tmp_path / "c.toml").write_text(text.replace("page_size = 64", "page_size = 48"))
+    flat = (SPACES_DIR / "decode_fp16_d128.toml").read_text()
+    (tmp_path / "d.toml").write_text(flat.replace("Sk = 2000\n", "Sk = 2000\npage_size = 16\n"))
+    for name, words in (("a", "needs 'page_size'"), ("b", "KV_LAYOUT: one of contiguous, paged"),
+                        ("c", "power of two"), ("d", "'page_size' is for a paged space")):
+        with pytest.raises((UserError, ValueError), match=words):
+            get_task(load_space(tmp_path / f"{name}.toml")).shapes
 
 
 def test_the_template_refuses_unknown_choices(tmp_path: Path):

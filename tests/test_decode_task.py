@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evoengineer.tasks.decode import DecodeShape, flops, make_inputs, min_bytes, reference, sdpa_baseline
+from evoengineer.tasks.decode import (DecodeShape, flops, gather_pages, make_inputs, min_bytes, reference,
+                                      sdpa_baseline, shared_prefix_pages)
 
 
 def test_shapes_parse_and_refuse_with_a_reason():
@@ -69,3 +70,63 @@ def test_flops_and_bytes_count_the_visible_keys():
     assert flops(s, 128) == 4 * 128 * 32 * 4 * (8192 + 100)
     assert min_bytes(s, 128, 2, 1) == 2 * 8 * 128 * (8192 + 100) * 1 + 2 * 2 * 32 * 4 * 128 * 2
     assert math.isclose(min_bytes(s, 128, 2, 2) / min_bytes(s, 128, 2, 1), 2.0, rel_tol=1e-2)
+
+
+@pytest.mark.parametrize("kv", [torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("page", [1, 16, 64])
+def test_paged_inputs(kv, page):
+    """Pages in random order across the pool, pairs of sequences sharing their first pages (same keys in both),
+    unused pages, entries past each sequence's last page naming a page of NaN; the reference reads through the table
+    and equals attention on the contiguous caches."""
+    shape = DecodeShape.from_dict({"name": "p", "B": 5, "Hq": 8, "Hkv": 2, "Sk": 300, "Sq": 2,
+                                   "seq_lens": [200, 180, 1, 300, 64], "page_size": page})
+    x = make_inputs(shape, 3, head_dim=64, kv_dtype=kv)
+    k, bt = x["k"], x["block_table"]
+    P = -(-300 // page)
+    assert bt.dtype == torch.int32 and bt.shape == (5, P) and k.shape[1:] == (page, 2, 64)
+    shared = shared_prefix_pages(shape)
+    assert shared == {1: max(1, 180 // page // 2), 3: max(1, 1 // page // 2)} if page == 1 else shared[1] >= 1
+    used = {}
+    for b, L in enumerate(shape.lengths):
+        n = -(-L // page)
+        for j in range(n):
+            used.setdefault(int(bt[b, j]), []).append((b, j))
+        assert len(set(bt[b, n:].tolist())) <= 1  # one page of NaN past the sequence
+    assert all(len(v) == 2 and v[0][1] == v[1][1] < shared[v[1][0]] for v in used.values() if len(v) > 1)
+    assert len(used) < k.shape[0] - 1  # pages nobody uses
+    assert sorted(used) != list(range(len(used)))  # not in sequence order
+    nan_page = int(bt[2, -1])
+    assert torch.isnan(k[nan_page].float()).all() and nan_page not in used
+    logical = gather_pages(k, bt).float()
+    assert torch.isnan(logical[0, :, 200:]).all() and not torch.isnan(logical[0, :, :200]).any()
+    ref = reference(x)
+    assert torch.isfinite(ref).all()
+    flat = {**x, "k": gather_pages(x["k"], bt), "v": gather_pages(x["v"], bt)}
+    del flat["block_table"]
+    assert torch.allclose(reference(flat), _sdpa64(flat), atol=1e-12, rtol=1e-10)
+    assert torch.equal(reference(flat), ref)
+    if kv == torch.float16:  # the contiguous copy the baseline reads
+        assert torch.equal(x["k_orig"][:, :, :200].float()[0], logical[0, :, :200])
+    assert torch.allclose(sdpa_baseline(x).double(), ref, atol=3e-3 if kv == torch.float16 else 0.2)
+
+
+def test_paged_shape_options():
+    s = DecodeShape.from_dict({"name": "p", "B": 2, "Hq": 4, "Hkv": 2, "Sk": 100, "page_size": 32})
+    assert s.page_size == 32 and s.max_pages == 4
+    assert min_bytes(s, 64, 2, 2) == min_bytes(DecodeShape("c", B=2, Hq=4, Hkv=2, Sk=100), 64, 2, 2) + 4 * 2 * 4
+    for bad in (0, 24, 1 << 17, "16"):
+        with pytest.raises(ValueError, match="page_size"):
+            DecodeShape.from_dict({"name": "p", "B": 2, "Hq": 4, "Hkv": 2, "Sk": 100, "page_size": bad})
+
+
+def test_paged_fp8_gate_reads_the_contiguous_unquantized_caches():
+    from evoengineer.space import load_space
+    from evoengineer import SPACES_DIR
+    from evoengineer.tasks.base import get_task
+
+    task = get_task(load_space(SPACES_DIR / "decode_fp8kv_d128_paged.toml"))
+    x = make_inputs(DecodeShape("p", B=2, Hq=4, Hkv=2, Sk=100, seq_lens=(100, 60), page_size=16), 1, head_dim=128,
+                    kv_dtype=torch.float8_e4m3fn)
+    fp16 = task.fp16_attention(x)
+    assert fp16.shape == x["q"].shape and torch.isfinite(fp16).all()
+    assert (fp16 - reference(x)).abs().max() < 0.1  # the quantization error only

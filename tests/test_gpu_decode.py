@@ -1,7 +1,8 @@
 """GPU tests (skipped without CUDA) of the decode-attention family (templates/cuda/decode.cu.j2): sampled genomes of
 every decode space through the real pipeline (ragged lengths 1 / 7 / 1000 / Sk with NaN past them, G = 1 and 8,
-Sq = 1, 4 and 5, many splits), bf16 and bf16-with-FP8 signatures, and the split workspace across calls and CUDA-graph
-replays. The binding's refusals are tested without a GPU (tests/test_decode_binding.py)."""
+Sq = 1, 4 and 5, many splits; the paged spaces with pages in random order, shared prefix pages and page sizes 16, 32
+and 64), bf16 and bf16-with-FP8 signatures (contiguous and paged), the split workspace across calls and CUDA-graph
+replays, and paged kernels giving the contiguous kernel's bits on the same caches. The binding's refusals are tested without a GPU (tests/test_decode_binding.py)."""
 
 from __future__ import annotations
 
@@ -66,10 +67,15 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
         assert m.metrics["speedup_vs"]["sdpa"] > 0 and m.metrics["time_us"] > 0
 
 
-@pytest.mark.parametrize("q_dtype,kv_dtype", [("bfloat16", "bfloat16"), ("bfloat16", "float8_e4m3")])
-def test_bf16_signatures(q_dtype: str, kv_dtype: str, tmp_path: Path, build_cache: Path):
-    """The template serves bf16 Q (with bf16 or FP8 K/V, FP8 dequantized to bf16 either way) on the same shapes."""
+@pytest.mark.parametrize("q_dtype,kv_dtype,paged", [("bfloat16", "bfloat16", False), ("bfloat16", "float8_e4m3", False),
+                                                    ("bfloat16", "float8_e4m3", True)])
+def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Path, build_cache: Path):
+    """The template serves bf16 Q (with bf16 or FP8 K/V, FP8 dequantized to bf16 either way) on the same shapes,
+    paged too."""
     text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text()
+    if paged:
+        text = text.replace('KV_DTYPE = "float8_e4m3"', 'KV_LAYOUT = "paged"\nKV_DTYPE = "float8_e4m3"')
+        text = text.replace("[[shapes]]\n", "[[shapes]]\npage_size = 32\n")
     text = text.replace('Q_DTYPE = "float16"', f'Q_DTYPE = "{q_dtype}"').replace(
         'KV_DTYPE = "float8_e4m3"', f'KV_DTYPE = "{kv_dtype}"')
     if kv_dtype != "float8_e4m3":
@@ -130,3 +136,43 @@ def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+def _paged_twins(name: str, params: dict, build_cache: Path):
+    """(task, module) of `params` in the paged space and in its contiguous twin."""
+    paged = build_candidate(load_space(SPACES_DIR / f"{name}_paged.toml"), params, build_cache)
+    flat = build_candidate(load_space(SPACES_DIR / f"{name}.toml"), params, build_cache)
+    return paged, flat
+
+
+@pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128"])
+@pytest.mark.parametrize("load_path", ["bulk", "cp_async"])
+def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: str, build_cache: Path):
+    """A paged kernel reading pages in random order (shared prefixes, page sizes 1 to 128, lengths 1 and Sk) returns
+    exactly what its contiguous twin returns on the same caches laid out contiguously, and the float64 reference's
+    answer; the split workspace survives call after call and CUDA-graph replays."""
+    from evoengineer.tasks.decode import DecodeShape, gather_pages
+
+    params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": load_path, "COPY_BYTES": 16, "M_TILES": 1,
+              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
+    if "fp8" in name:
+        params["DEQUANT"] = "registers"
+    (task, module), (flat_task, flat) = _paged_twins(name, params, build_cache)
+    for page in (1, 16, 64, 128):
+        x = task.make_inputs(DecodeShape("p", B=4, Hq=16, Hkv=4, Sq=2, Sk=3000, seq_lens=(3000, 2900, 1, 777),
+                                         page_size=page), page)
+        out = task.new_output(x)
+        task.launch(module, x, out)
+        flat_x = {**x, "k": gather_pages(x["k"], x["block_table"]).contiguous(),
+                  "v": gather_pages(x["v"], x["block_table"]).contiguous()}
+        del flat_x["block_table"]
+        want = flat_task.new_output(flat_x)
+        flat_task.launch(flat, flat_x, want)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all() and torch.equal(out, want), page
+        ref = task.reference(x)
+        assert (out.double() - ref).abs().max() < 4e-3
+    big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097), page_size=16),
+                           21)
+    small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129), page_size=64), 22)
+    assert_right_call_after_call(task, module, big, small)

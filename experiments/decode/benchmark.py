@@ -4,6 +4,7 @@ and against the read bandwidth of the same GPU, all in one process.
     python experiments/decode/benchmark.py --kernel fp16=elite_fp16.json --kernel fp8=elite_fp8.json \
         [--kernel fp8_d64=elite_fp8_d64.json] [--shapes all|decode] [--json F] [--md F]
     python experiments/decode/benchmark.py --kernel x='decode_fp8kv_d128:{"BLOCK_N": 128, ...}' --shapes decode
+    python experiments/decode/benchmark.py --kernel fp8=elite_fp8.json --paged 16,64
 
 A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{params as JSON}'. Per shape
 (B, Hq, Hkv, Sq, Sk, D) of SHAPES (every sequence holds Sk keys) and per kernel of that head dim:
@@ -17,6 +18,11 @@ A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{pa
 * the read bandwidth a plain reduction reaches over a 1 GiB fp16 tensor (torch.sum and torch.amax, the better), and
   each kernel's effective bandwidth: the bytes it must move once (K/V + q + out, evoengineer.tasks.decode.min_bytes)
   over its time.
+
+Paged KV (--paged SIZES): every kernel of a contiguous space whose paged twin ships (SPACE_paged.toml) is also built
+in that space with the same genes and timed at each page size (label LABEL@pN) on the same shapes, its caches in pages
+of random order (the task's paged inputs, prefix pages shared by pairs of sequences); a kernel of a paged space is
+timed at each page size. "vs contiguous" is the contiguous twin's time over the paged kernel's.
 
 Times are kernel-only: a CUDA graph of --graph-calls back-to-back calls replayed --repeats times under CUDA events,
 median per call. L2 is not flushed, but every shape's K/V (>= 134 MB) is larger than the 50 MB L2, so each call
@@ -112,13 +118,26 @@ def torch_backends(q, k, v, a) -> tuple[dict, dict]:
     return times, refused
 
 
+def paged_twins(kernels: list[tuple[str, object, dict]]) -> list[tuple[str, object, dict]]:
+    """The paged twin (same genes) of every kernel of a contiguous space that has one."""
+    out = []
+    for label, space, params in kernels:
+        twin = SPACES_DIR / f"{space.name}_paged.toml"
+        if space.signature.get("KV_LAYOUT", "contiguous") == "contiguous" and twin.exists():
+            out.append((f"{label}_paged", load_space(twin), params))
+    return out
+
+
 def bench_shape(dims: tuple, built: dict, a) -> dict:
     B, Hq, Hkv, Sq, Sk, D = dims
-    shape = DecodeShape("bench", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk)
     row = {"shape": dims, "kernels": {}}
-    mine = {label: v for label, v in built.items() if v[0].head_dim == D}
+    mine = [(label, v) for label, v in built.items() if v[0].head_dim == D and not getattr(v[0], "paged", False)]
+    for label, v in built.items():  # paged kernels: one run per page size
+        if v[0].head_dim == D and getattr(v[0], "paged", False):
+            mine += [(f"{label.removesuffix('_paged')}@p{ps}", (*v, ps)) for ps in a.page_sizes]
     fp16_inputs = None
-    for label, (task, module, space, params) in mine.items():
+    for label, (task, module, space, params, *page) in mine:
+        shape = DecodeShape("bench", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, page_size=page[0] if page else None)
         inputs = task.make_inputs(shape, a.seed)  # same seed: FP8 kernels get this cache quantized
         if fp16_inputs is None or not task.fp8:
             fp16_inputs = {k: inputs.get(f"{k}_orig", inputs[k]) for k in ("q", "k", "v")}
@@ -129,15 +148,18 @@ def bench_shape(dims: tuple, built: dict, a) -> dict:
         rec = {"space": space.name, "params": params, "max_abs_err": float((out.double() - ref).abs().max()),
                "finite": bool(torch.isfinite(out).all())}
         if task.fp8:
-            ref16 = reference({**inputs, "k": inputs["k_orig"], "v": inputs["v_orig"],
-                               "k_scale": torch.ones_like(inputs["k_scale"]),
-                               "v_scale": torch.ones_like(inputs["v_scale"])}).to(out.device)
+            ref16 = task.fp16_attention(inputs).to(out.device)
             rec["max_abs_err_vs_fp16"] = float((out.double() - ref16).abs().max())
             del ref16
         del ref
         rec["us"] = graph_us(lambda: task.launch(module, inputs, out), a.graph_calls, a.repeats)
         rec["bytes"] = task.min_bytes(shape)
         rec["GBps"] = rec["bytes"] / rec["us"] / 1e3
+        if page:
+            rec["page_size"] = page[0]
+            flat = row["kernels"].get(label.split("@")[0])
+            if flat:
+                rec["x_contiguous"] = flat["us"] / rec["us"]
         row["kernels"][label] = rec
         del inputs, out
         torch.cuda.empty_cache()
@@ -175,8 +197,9 @@ def markdown(doc: dict) -> str:
                 cells.append("")
                 continue
             err = k.get("max_abs_err_vs_fp16", k["max_abs_err"])
+            vs_flat = f", {k['x_contiguous']:.3f}x contiguous" if "x_contiguous" in k else ""
             cells.append(f"{k['us']:.1f}, {k.get('x_fastest', float('nan')):.2f}x, {100 * k['GBps'] / bw:.0f}%, "
-                         f"{err:.3g}")
+                         f"{err:.3g}{vs_flat}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -188,13 +211,20 @@ def main() -> int:
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paged", default="", help="page sizes (e.g. 16,64): time the paged twins at each")
     ap.add_argument("--cache-dir", default=str(ROOT / ".evo_cache"))
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
-    built = build_all([parse_kernel(k) for k in a.kernel], Path(a.cache_dir).absolute())
+    a.page_sizes = [int(x) for x in a.paged.split(",") if x]
+    kernels = [parse_kernel(k) for k in a.kernel]
+    if a.page_sizes:
+        kernels += paged_twins(kernels)
+    elif any(space.signature.get("KV_LAYOUT") == "paged" for _, space, _ in kernels):
+        raise SystemExit("a paged kernel needs --paged SIZES")
+    built = build_all(kernels, Path(a.cache_dir).absolute())
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "read_bandwidth": read_bandwidth(a),
            "graph_calls": a.graph_calls, "repeats": a.repeats, "rows": []}
     for dims in SHAPES[:1] if a.shapes == "decode" else SHAPES:

@@ -8,6 +8,18 @@ Tensor layouts (all contiguous, one device):
 * ``seq_lens``    int32 ``[B]``: sequence b holds keys ``0 .. seq_lens[b] - 1`` (1 <= seq_lens[b] <= Sk); the
   rest of its cache is ignored (it may hold anything: the inputs fill it with NaN to prove it is never read).
 
+Paged KV cache (signature ``KV_LAYOUT = "paged"``; default ``"contiguous"``), the layout vLLM and FlashInfer keep
+(FlashInfer's "NHD" pages):
+
+* ``k``, ``v``    ``[num_pages, page_size, Hkv, D]``: a pool of pages; page_size a power of two (the shape's
+  ``page_size``).
+* ``block_table`` int32 ``[B, max_pages]`` with ``max_pages = ceil(Sk / page_size)``: key ``j`` of sequence ``b``
+  lies in slot ``j % page_size`` of page ``block_table[b, j // page_size]``. The inputs put the pages in random order
+  across the pool, let pairs of sequences share their first pages (prefix caching), leave unused pages in the pool,
+  and point every table entry past a sequence's last page at a page of NaN.
+* ``k_orig``, ``v_orig`` ``[B, Hkv, Sk, D]``: the same caches laid out contiguously (unquantized for FP8): the
+  baseline's inputs (torch SDPA has no paged layout) and the FP8 gate's.
+
 For every ``(b, h)``: ``out[b, h] = softmax(q[b, h] k[b, h // G, :L]^T * D ** -0.5) v[b, h // G, :L]`` with
 ``L = seq_lens[b]``: every one of the Sq query rows sees the sequence's L keys (the rows of a speculative extend
 are scored against the same cache; no mask among them).
@@ -26,14 +38,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from evoengineer.errors import UserError
 from evoengineer.families.sdpa.task import FP8_MAX, AttentionTask
 from evoengineer.family import check_shape_keys
 
-__all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", "min_bytes"]
+__all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", "min_bytes", "gather_pages",
+           "shared_prefix_pages"]
 
 MAX_SQ = 16
 _REQUIRED = ("name", "B", "Hq", "Hkv", "Sk")
-_OPTIONAL = ("Sq", "seq_lens", "fp16_max_abs_err")
+_OPTIONAL = ("Sq", "seq_lens", "fp16_max_abs_err", "page_size")
+KV_LAYOUTS = ("contiguous", "paged")
+#: the largest page a paged kernel takes (the binding's limit)
+MAX_PAGE_SIZE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class DecodeShape:
     Sq: int = 1
     seq_lens: tuple[int, ...] | None = None
     fp16_max_abs_err: float | None = None
+    page_size: int | None = None  # paged KV layout: keys per page (a power of two)
 
     @property
     def group(self) -> int:
@@ -57,10 +75,16 @@ class DecodeShape:
     def lengths(self) -> tuple[int, ...]:
         return self.seq_lens if self.seq_lens is not None else (self.Sk,) * self.B
 
+    @property
+    def max_pages(self) -> int:
+        """Paged: block-table entries per sequence."""
+        return -(-self.Sk // self.page_size) if self.page_size else 0
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DecodeShape":
         """From a TOML table: ``name, B, Hq, Hkv, Sk``; optional ``Sq`` (1..16, default 1), ``seq_lens`` (B values
-        in 1..Sk, or fewer, repeated over the batch) and ``fp16_max_abs_err``. ValueError on anything else."""
+        in 1..Sk, or fewer, repeated over the batch), ``fp16_max_abs_err`` and ``page_size`` (paged layout: a power
+        of two). ValueError on anything else."""
         check_shape_keys(d, _REQUIRED, _OPTIONAL, "decode")
         name = d["name"]
         if not isinstance(name, str) or not name:
@@ -82,7 +106,14 @@ class DecodeShape:
         tol = d.get("fp16_max_abs_err")
         if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
             raise ValueError(f"decode shape {name!r}: 'fp16_max_abs_err' must be a positive number, got {tol!r}")
-        return cls(name=name, Sq=sq, seq_lens=lens, fp16_max_abs_err=None if tol is None else float(tol), **ints)
+        page = d.get("page_size")
+        if page is not None:
+            page = _positive_int(page, f"{name!r}: 'page_size'")
+            if page & (page - 1) or page > MAX_PAGE_SIZE:
+                raise ValueError(f"decode shape {name!r}: 'page_size' must be a power of two up to {MAX_PAGE_SIZE}, "
+                                 f"got {page}")
+        return cls(name=name, Sq=sq, seq_lens=lens, fp16_max_abs_err=None if tol is None else float(tol),
+                   page_size=page, **ints)
 
 
 def _positive_int(v: Any, what: str) -> int:
@@ -98,10 +129,71 @@ def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale.view(1, -1, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
+def shared_prefix_pages(shape: DecodeShape) -> dict[int, int]:
+    """Paged inputs: how many leading pages sequence b (odd) shares with sequence b - 1, as prefix caching does
+    (half the full pages both hold, at least one where both hold one)."""
+    shared = {}
+    lens = shape.lengths
+    for b in range(1, shape.B, 2):
+        full = min(lens[b - 1], lens[b]) // shape.page_size
+        if full:
+            shared[b] = max(1, full // 2)
+    return shared
+
+
+def _to_pages(caches: list[torch.Tensor], shape: DecodeShape, g: torch.Generator,
+              nan_fill: float | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Contiguous caches ``[B, Hkv, Sk, D]`` (equal over the shared prefixes) as page pools ``[num_pages,
+    page_size, Hkv, D]`` and a block table: each sequence's pages (shared ones once) in random order in the pool,
+    two unused pages, and a page of NaN that every entry past a sequence's last page names."""
+    B, P, ps = shape.B, shape.max_pages, shape.page_size
+    shared = shared_prefix_pages(shape)
+    owned = [(b, j) for b, L in enumerate(shape.lengths) for j in range(-(-L // ps)) if j >= shared.get(b, 0)]
+    num_pages = len(owned) + 3  # + two unused pages, + the NaN page
+    order = torch.randperm(num_pages, generator=g).tolist()
+    physical = dict(zip(owned, order))
+    nan_page = order[len(owned)]
+    table = torch.full((B, P), nan_page, dtype=torch.int32)
+    for b, L in enumerate(shape.lengths):
+        for j in range(-(-L // ps)):
+            table[b, j] = physical[(b - 1 if j < shared.get(b, 0) else b, j)]
+    def fill_nan(t: torch.Tensor) -> torch.Tensor:
+        if nan_fill is None:  # float8: the e4m3 NaN byte
+            t.view(torch.uint8).fill_(int(torch.tensor(float("nan")).to(t.dtype).view(torch.uint8)))
+        else:
+            t.fill_(nan_fill)
+        return t
+
+    pools = []
+    for c in caches:
+        Hkv, D = c.shape[1], c.shape[3]
+        padded = c
+        if P * ps > c.shape[2]:  # the last page's slots past Sk: past every length, NaN like the rest
+            padded = torch.cat([c, fill_nan(c.new_empty(B, Hkv, P * ps - c.shape[2], D))], dim=2)
+        pages = padded.view(B, Hkv, P, ps, D).permute(0, 2, 3, 1, 4)  # [B, P, ps, Hkv, D]
+        pool = torch.randn(num_pages, ps, Hkv, D, generator=g).to(c.dtype)  # unused pages hold data
+        fill_nan(pool[nan_page])
+        bs, js = (torch.tensor([key[i] for key in physical], dtype=torch.long) for i in (0, 1))
+        pool[torch.tensor(list(physical.values()), dtype=torch.long)] = pages[bs, js]
+        pools.append(pool)
+    return pools, table
+
+
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A page pool ``[num_pages, page_size, Hkv, D]`` read through ``block_table [B, max_pages]`` as contiguous
+    caches ``[B, Hkv, max_pages x page_size, D]``."""
+    B, P = block_table.shape
+    _, ps, Hkv, D = pool.shape
+    pages = pool[block_table.long().to(pool.device)]  # [B, P, ps, Hkv, D]
+    return pages.permute(0, 3, 1, 2, 4).reshape(B, Hkv, P * ps, D)
+
+
 def make_inputs(shape: DecodeShape, seed: int, *, head_dim: int, q_dtype: torch.dtype = torch.float16,
                 kv_dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Standard-normal q, k, v drawn from ``seed`` on the CPU, then moved to ``device``. Cache rows past a
-    sequence's length hold NaN (FP8: the e4m3 NaN), so a kernel that reads them gives NaN outputs."""
+    sequence's length hold NaN (FP8: the e4m3 NaN), so a kernel that reads them gives NaN outputs. A shape with a
+    ``page_size`` gets the paged layout (module docstring): k, v as page pools, ``block_table``, and the contiguous
+    caches as ``k_orig``, ``v_orig``."""
     g = torch.Generator(device="cpu")
     g.manual_seed(int(seed))
     B, Hq, Hkv, Sq, Sk, D = shape.B, shape.Hq, shape.Hkv, shape.Sq, shape.Sk, head_dim
@@ -109,6 +201,10 @@ def make_inputs(shape: DecodeShape, seed: int, *, head_dim: int, q_dtype: torch.
     q = torch.randn(B, Hq, Sq, D, generator=g).to(q_dtype)
     k = torch.randn(B, Hkv, Sk, D, generator=g).to(q_dtype if fp8 else kv_dtype)  # FP8: the cache it quantizes
     v = torch.randn(B, Hkv, Sk, D, generator=g).to(q_dtype if fp8 else kv_dtype)
+    if shape.page_size:  # prefix caching: the shared pages hold the same keys in both sequences
+        for b, n in shared_prefix_pages(shape).items():
+            k[b, :, :n * shape.page_size] = k[b - 1, :, :n * shape.page_size]
+            v[b, :, :n * shape.page_size] = v[b - 1, :, :n * shape.page_size]
     lens = torch.tensor(shape.lengths, dtype=torch.int32)
     past = torch.arange(Sk)[None, :] >= lens[:, None].long()  # [B, Sk]: cache rows no sequence holds
     out = {"q": q}
@@ -125,6 +221,11 @@ def make_inputs(shape: DecodeShape, seed: int, *, head_dim: int, q_dtype: torch.
     for name in ("k", "v") if not fp8 else ():
         out[name] = out[name].masked_fill(past[:, None, :, None], float("nan"))
     out["seq_lens"] = lens
+    if shape.page_size:
+        if not fp8:
+            out.update(k_orig=out["k"], v_orig=out["v"])
+        (out["k"], out["v"]), out["block_table"] = _to_pages([out["k"], out["v"]], shape, g,
+                                                             None if fp8 else float("nan"))
     return {name: t.contiguous().to(device) for name, t in out.items()}
 
 
@@ -144,15 +245,20 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tenso
 
 
 def reference(inputs: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Attention in ``dtype`` on the dequantized K/V (stored value x its KV head's scale)."""
-    k = inputs["k"].to(dtype) * inputs["k_scale"].to(dtype).view(1, -1, 1, 1)
-    v = inputs["v"].to(dtype) * inputs["v_scale"].to(dtype).view(1, -1, 1, 1)
+    """Attention in ``dtype`` on the dequantized K/V (stored value x its KV head's scale); paged caches are read
+    through the block table."""
+    k, v = inputs["k"], inputs["v"]
+    if "block_table" in inputs:
+        k, v = gather_pages(k, inputs["block_table"]), gather_pages(v, inputs["block_table"])
+    k = k.to(dtype) * inputs["k_scale"].to(dtype).view(1, -1, 1, 1)
+    v = v.to(dtype) * inputs["v_scale"].to(dtype).view(1, -1, 1, 1)
     return _attend(inputs["q"], k, v, inputs["seq_lens"], dtype)
 
 
 def sdpa_baseline(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """torch SDPA with enable_gqa on the unquantized K/V (fp16 attention, what an FP8 kernel replaces); ragged
-    lengths as a boolean mask (full caches take the unmasked, fastest path)."""
+    lengths as a boolean mask (full caches take the unmasked, fastest path). A paged cache's baseline runs on the
+    same caches laid out contiguously (torch SDPA has no paged layout)."""
     k, v = inputs.get("k_orig", inputs["k"]), inputs.get("v_orig", inputs["v"])
     q, lens = inputs["q"], inputs["seq_lens"]
     Sk = k.shape[2]
@@ -169,9 +275,11 @@ def flops(shape: DecodeShape, head_dim: int) -> int:
 
 
 def min_bytes(shape: DecodeShape, head_dim: int, q_itemsize: int, kv_itemsize: int) -> int:
-    """K/V of the visible keys read once, q read and the output written once."""
+    """K/V of the visible keys read once, q read and the output written once (paged: plus the block-table entries
+    of the pages read)."""
     kv = 2 * shape.Hkv * head_dim * sum(shape.lengths) * kv_itemsize
-    return kv + 2 * shape.B * shape.Hq * shape.Sq * head_dim * q_itemsize
+    table = 4 * sum(-(-L // shape.page_size) for L in shape.lengths) if shape.page_size else 0
+    return kv + table + 2 * shape.B * shape.Hq * shape.Sq * head_dim * q_itemsize
 
 
 class DecodeTask(AttentionTask):
@@ -188,15 +296,42 @@ class DecodeTask(AttentionTask):
     inputs_fn = staticmethod(make_inputs)
     reference_fn = staticmethod(reference)
 
+    def setup(self):
+        super().setup()
+        layout = self.constants.get("KV_LAYOUT", "contiguous")
+        if layout not in KV_LAYOUTS:
+            raise UserError(f"{self.where()}.KV_LAYOUT: one of {', '.join(KV_LAYOUTS)}, got {layout!r}")
+        self.paged = layout == "paged"
+
+    @staticmethod
+    def signature_text(sig) -> str:
+        """The attention signature, plus ``KV_LAYOUT=paged`` for a paged kernel (contiguous kernels keep the text,
+        and so the cache keys, they had before the paged layout existed)."""
+        text = AttentionTask.signature_text(sig)
+        return text + ";KV_LAYOUT=paged" if sig.get("KV_LAYOUT", "contiguous") == "paged" else text
+
+    def parse_shape(self, d):
+        shape = super().parse_shape(d)
+        if self.paged and shape.page_size is None:
+            raise ValueError(f"shape {shape.name!r}: a paged space (KV_LAYOUT = 'paged') needs 'page_size'")
+        if not self.paged and shape.page_size is not None:
+            raise ValueError(f"shape {shape.name!r}: 'page_size' is for a paged space (KV_LAYOUT = 'paged')")
+        return shape
+
     def launch(self, module, inputs, out):
-        rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
-                            inputs["seq_lens"], out, self.softmax_scale)
+        if self.paged:
+            rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
+                                inputs["seq_lens"], inputs["block_table"], out, self.softmax_scale)
+        else:
+            rc = module.forward(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
+                                inputs["seq_lens"], out, self.softmax_scale)
         if rc != 0:
             raise RuntimeError(f"kernel returned status {rc}")
 
     def fp16_attention(self, inputs):
         """Attention on the unquantized K/V over each sequence's visible keys, computed exactly (float64)."""
-        return reference({**inputs, "k": inputs["k_orig"], "v": inputs["v_orig"],
+        flat = {name: t for name, t in inputs.items() if name != "block_table"}  # k_orig is contiguous
+        return reference({**flat, "k": inputs["k_orig"], "v": inputs["v_orig"],
                           "k_scale": torch.ones_like(inputs["k_scale"]), "v_scale": torch.ones_like(inputs["v_scale"])})
 
     def baselines(self):
