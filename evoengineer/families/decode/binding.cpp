@@ -15,18 +15,24 @@ namespace {
 // Entry point every decode template exports as extern "C" evo_decode_forward. q/out [B, Hq, Sq, D] in Q_DTYPE, k/v
 // [B, Hkv, Sk, D] in KV_DTYPE, k_scale/v_scale float32 [Hkv], seq_lens int32 [B] (1 <= seq_lens[b] <= Sk). A paged
 // kernel (signature KV_LAYOUT=paged) takes k/v as a pool [num_pages, page_size, Hkv, D] and block_table int32
-// [B, max_pages], Sk = max_pages x page_size; a contiguous one gets block_table == nullptr, page_size = num_pages = 0.
+// [B, max_pages], Sk = max_pages x page_size, and exports the prototype with block_table, page_size and num_pages
+// (PagedForwardFn); a contiguous kernel keeps the prototype it had before paged caches (ContiguousForwardFn), so that
+// kernels recorded then still load.
 // Workspace protocol (split-KV partials): called with workspace == nullptr, a kernel that needs scratch memory
 // launches nothing, writes the bytes it needs to *workspace_bytes and returns kNeedWorkspace; the binding allocates
 // them from torch's caching allocator (stream-ordered, CUDA-graph safe) and calls again.
-using DecodeForwardFn = int (*)(const void* q, const void* k, const void* v, const float* k_scale,
-                                const float* v_scale, const int32_t* seq_lens, const int32_t* block_table, void* out,
-                                int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t page_size,
-                                int64_t num_pages, float softmax_scale, void* workspace, int64_t* workspace_bytes,
-                                void* stream);
+using ContiguousForwardFn = int (*)(const void* q, const void* k, const void* v, const float* k_scale,
+                                    const float* v_scale, const int32_t* seq_lens, void* out, int64_t B, int64_t Hq,
+                                    int64_t Hkv, int64_t Sq, int64_t Sk, float softmax_scale, void* workspace,
+                                    int64_t* workspace_bytes, void* stream);
+using PagedForwardFn = int (*)(const void* q, const void* k, const void* v, const float* k_scale,
+                               const float* v_scale, const int32_t* seq_lens, const int32_t* block_table, void* out,
+                               int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t page_size,
+                               int64_t num_pages, float softmax_scale, void* workspace, int64_t* workspace_bytes,
+                               void* stream);
 
 struct DecodeSignature : EvoAttentionSignature {
-  DecodeForwardFn fn;
+  void* entry = nullptr;
   bool paged = false;
 };
 
@@ -90,10 +96,15 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
   // them here would cost a device-to-host copy per call
   return evo_call_on_stream(device, [&](void* stream) {
     return evo_with_workspace(q, [&](void* workspace, int64_t* bytes) {
-      return sig.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
-                    seq_lens.data_ptr<int32_t>(), sig.paged ? block_table->data_ptr<int32_t>() : nullptr,
-                    out.data_ptr(), B, Hq, Hkv, Sq, Sk, page_size, num_pages, static_cast<float>(softmax_scale),
-                    workspace, bytes, stream);
+      if (sig.paged)
+        return reinterpret_cast<PagedForwardFn>(sig.entry)(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+            seq_lens.data_ptr<int32_t>(), block_table->data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk,
+            page_size, num_pages, static_cast<float>(softmax_scale), workspace, bytes, stream);
+      return reinterpret_cast<ContiguousForwardFn>(sig.entry)(
+          q.data_ptr(), k.data_ptr(), v.data_ptr(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+          seq_lens.data_ptr<int32_t>(), out.data_ptr(), B, Hq, Hkv, Sq, Sk, static_cast<float>(softmax_scale),
+          workspace, bytes, stream);
     });
   });
 }
@@ -104,7 +115,7 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
                                                                                     const char* signature) {
   return evo_make_candidate_module(name, "EvoEngineer decode-attention candidate", signature, [&](PyObject* m) {
     auto sig = std::make_shared<DecodeSignature>();
-    sig->fn = reinterpret_cast<DecodeForwardFn>(entry);
+    sig->entry = entry;
     sig->text = signature;
     evo_read_attention_signature(*sig);
     const auto parsed = evo_parse_signature(signature);
