@@ -131,3 +131,11 @@ def test_dispatch_picks_the_nearest_shape_of_the_same_kind(tmp_path: Path):
                                              "b64": {"B": 64, "Hq": 32, "Hkv": 8, "Sk": 1024, "Sq": 1}})
     assert k.choose(torch.empty(48, 32, 1, 128), torch.empty(48, 8, 2048, 128))["shape"] == "b64"
     assert k.choose(torch.empty(4, 32, 1, 128), torch.empty(4, 8, 16384, 128))["shape"] == "b8"
+    paged = _dispatch(tmp_path / "p", "decode", {
+        "b8": {"B": 8, "Hq": 32, "Hkv": 8, "Sk": 8192, "page_size": 16},
+        "b64": {"B": 64, "Hq": 32, "Hkv": 8, "Sk": 1000, "page_size": 64}})  # Sk: 16 pages of 64 keys
+    pool = torch.empty(100, 16, 8, 128)
+    assert paged.choose(torch.empty(48, 32, 1, 128), pool, pool, None,
+                        block_table=torch.empty(48, 64, dtype=torch.int32))["shape"] == "b64"
+    assert paged.choose(torch.empty(4, 32, 1, 128), pool, pool, None,
+                        block_table=torch.empty(4, 1024, dtype=torch.int32))["shape"] == "b8"

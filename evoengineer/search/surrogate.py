@@ -47,6 +47,11 @@ class SurrogateParams:
     draw_trees: int = 8  # trees in one Thompson-style draw
     p_correct: float = 0.3  # the classifier's chance of a correct result a proposal needs
     spread: int = 10  # the first batch: the most spread of spread x population random draws (1: plain random)
+    first: int = 0  # the first batch's size (0: the batch size)
+    model: str = "extra"  # the time model: "extra" (extremely randomized trees) or "forest" (random forest, SMAC's)
+    leaf: int = 1  # fewest samples in a leaf of the time model
+    acq: str = "thompson"  # slots after the first: "thompson" (subsets of trees), "ei" (expected improvement), "lcb"
+    kappa: float = 1.0  # lcb: mean - kappa x spread across trees
 
 
 def _sklearn():
@@ -136,7 +141,7 @@ class SurrogateSearch:
             return []
         n = min(n, total - len(seen))
         if generation == 0:
-            return self._spread(rng, seen, n)
+            return self._spread(rng, seen, min(n, self.params.first or n))
         if len(ok) < 2:
             return self._random_unseen(rng, seen, n)
         P = self.params
@@ -147,7 +152,10 @@ class SurrogateSearch:
         seed = rng.randrange(2**31)
         x_ok = self.encode(np.asarray([g for g, _ in ok], dtype=np.int32))
         y = np.log(np.asarray([t for _, t in ok], dtype=np.float64))
-        forest = Regressor(n_estimators=P.trees, min_samples_leaf=1, max_features=1.0, random_state=seed, n_jobs=1)
+        if P.model == "forest":
+            from sklearn.ensemble import RandomForestRegressor as Regressor
+        forest = Regressor(n_estimators=P.trees, min_samples_leaf=P.leaf, max_features=1.0, random_state=seed,
+                           n_jobs=1)
         forest.fit(x_ok, y)
         x_pool = self.encode(pool)
         per_tree = np.stack([t.predict(x_pool) for t in forest.estimators_])  # trees x pool
@@ -160,9 +168,19 @@ class SurrogateSearch:
         explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
         if n > 1 and P.stall > 0 and self._stalled_for(generation) >= P.stall:
             explore = max(explore, n // 2)  # the model's region looks spent: look elsewhere harder
+        mean = per_tree.mean(axis=0)
+        if P.acq == "ei":  # expected improvement (in log time) over the best, per the trees' mean and spread
+            from scipy.stats import norm
+            sd = np.maximum(per_tree.std(axis=0), 1e-9)
+            z = (float(np.min(y)) - mean) / sd
+            acq = -(sd * (z * norm.cdf(z) + norm.pdf(z)))
+        elif P.acq == "lcb":
+            acq = mean - P.kappa * per_tree.std(axis=0)
         for slot in range(n - explore):
             if slot == 0:
-                score = per_tree.mean(axis=0)
+                score = mean
+            elif P.acq in ("ei", "lcb"):
+                score = acq
             else:
                 trees = rng.sample(range(P.trees), min(P.draw_trees, P.trees))
                 score = per_tree[trees].mean(axis=0)

@@ -303,7 +303,10 @@ def parse_surrogate(text: str | None) -> dict[str, Any]:
         k, _, v = item.partition("=")
         if k not in fields:
             raise SystemExit(f"--surrogate: unknown setting {k!r} (known: {', '.join(sorted(fields))})")
-        out[k] = float(v) if "." in v else int(v)
+        try:
+            out[k] = float(v) if "." in v else int(v)
+        except ValueError:
+            out[k] = v  # a named choice (model=forest)
     return out
 
 

@@ -300,9 +300,9 @@ class DecodeOp(OpAdapter):
 
     def call_features(self, args, kwargs):
         q, kc = call_arg(args, kwargs, 0, "query"), call_arg(args, kwargs, 1, "key_cache")
-        if self.paged:  # Sk: the keys a block table can name
-            bt = kwargs.get("block_table")
-            Hkv, Sk = int(kc.shape[2]), int(bt.shape[1]) * int(kc.shape[1]) if bt is not None else 0
+        bt = kwargs.get("block_table")  # (a dispatch's feature adapter is bound to no kernel: the call says)
+        if bt is not None:  # paged: Sk is the keys a block table can name
+            Hkv, Sk = int(kc.shape[2]), int(bt.shape[1]) * int(kc.shape[1])
         else:
             Hkv, Sk = int(kc.shape[1]), int(kc.shape[2])
         return {"B": int(q.shape[0]), "Hq": int(q.shape[1]), "Sq": int(q.shape[2]), "Hkv": Hkv, "Sk": Sk}, ()
