@@ -1,11 +1,14 @@
 """Surrogate-guided search: a tree-ensemble model of time over the genome picks each batch (SMAC-like Bayesian
 optimization; Hutter et al., "Sequential Model-Based Optimization for General Algorithm Configuration", 2011).
 
-Why trees (scikit-learn's ExtraTreesRegressor / ExtraTreesClassifier) and not a Gaussian process: kernel genomes mix
-ordinal and categorical genes with hard interactions (a tile size is only good with some warp counts), configurations
-number up to 10^6, and every evaluation must be proposed in milliseconds. Trees split on genes of either kind without
-a kernel to choose, fit a few hundred points in tens of milliseconds, predict 10^5 configurations in about as long,
-and their spread across trees is the uncertainty Thompson sampling draws from.
+Why trees (scikit-learn's RandomForestRegressor for time, ExtraTreesClassifier for correctness) and not a Gaussian
+process: kernel genomes mix ordinal and categorical genes with hard interactions (a tile size is only good with some
+warp counts), configurations number up to 10^6, and every evaluation must be proposed in milliseconds. Trees split on
+genes of either kind without a kernel to choose, fit a few hundred points in tens of milliseconds, predict 10^5
+configurations in about as long, and their spread across trees is the uncertainty Thompson sampling draws from. A
+random forest (bootstrap samples, best splits: SMAC's model) needed fewer evaluations than extremely randomized trees
+on the tuning seeds of all three recorded landscapes (experiments/strategies/README.md); `model="extra"` keeps the
+earlier model.
 
 Each generation (after a random first batch of `population`):
 - The time model is fit on log(p50) of the correct candidates evaluated in earlier generations; failures (gate_failed,
@@ -43,23 +46,26 @@ class SurrogateParams:
     incumbents: int = 5  # the best found so far whose single-gene neighbours join the pool
     explore: int = 8  # one slot in `explore` (rounded up) explores (far from what was seen); 0: none
     stall: int = 3  # generations without a better time after which half of each batch explores
+    give_up: int = 0  # ... and after which all but the model's best guess explore (0: never)
     far_draws: int = 32  # an exploring slot takes the farthest from every evaluation of this many random draws
     draw_trees: int = 8  # trees in one Thompson-style draw
     p_correct: float = 0.3  # the classifier's chance of a correct result a proposal needs
     spread: int = 10  # the first batch: the most spread of spread x population random draws (1: plain random)
-    first: int = 0  # the first batch's size (0: the batch size)
-    model: str = "extra"  # the time model: "extra" (extremely randomized trees) or "forest" (random forest, SMAC's)
+    model: str = "forest"  # the time model: "forest" (random forest, SMAC's) or "extra" (extremely randomized trees)
     leaf: int = 1  # fewest samples in a leaf of the time model
-    acq: str = "thompson"  # slots after the first: "thompson" (subsets of trees), "ei" (expected improvement), "lcb"
-    kappa: float = 1.0  # lcb: mean - kappa x spread across trees
+    features: float = 1.0  # share of the features each split considers
 
 
-def _sklearn():
+def _sklearn(model: str = "forest"):
+    """(time model class for `model`, correctness classifier class)."""
     try:
-        from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor
+        from sklearn.ensemble import ExtraTreesClassifier, ExtraTreesRegressor, RandomForestRegressor
     except ImportError as exc:  # pragma: no cover - a dependency of the project
         raise RuntimeError("the surrogate strategy needs scikit-learn (pip install scikit-learn)") from exc
-    return ExtraTreesRegressor, ExtraTreesClassifier
+    models = {"forest": RandomForestRegressor, "extra": ExtraTreesRegressor}
+    if model not in models:
+        raise ValueError(f"surrogate model {model!r}: one of {', '.join(models)}")
+    return models[model], ExtraTreesClassifier
 
 
 class GenomeEncoder:
@@ -141,20 +147,18 @@ class SurrogateSearch:
             return []
         n = min(n, total - len(seen))
         if generation == 0:
-            return self._spread(rng, seen, min(n, self.params.first or n))
+            return self._spread(rng, seen, n)
         if len(ok) < 2:
             return self._random_unseen(rng, seen, n)
         P = self.params
         pool = self._pool(rng, seen, [g for g, _ in sorted(ok, key=lambda x: x[1])[:P.incumbents]])
         if len(pool) == 0:
             return self._random_unseen(rng, seen, n)
-        Regressor, _ = _sklearn()
+        Regressor, _ = _sklearn(P.model)
         seed = rng.randrange(2**31)
         x_ok = self.encode(np.asarray([g for g, _ in ok], dtype=np.int32))
         y = np.log(np.asarray([t for _, t in ok], dtype=np.float64))
-        if P.model == "forest":
-            from sklearn.ensemble import RandomForestRegressor as Regressor
-        forest = Regressor(n_estimators=P.trees, min_samples_leaf=P.leaf, max_features=1.0, random_state=seed,
+        forest = Regressor(n_estimators=P.trees, min_samples_leaf=P.leaf, max_features=P.features, random_state=seed,
                            n_jobs=1)
         forest.fit(x_ok, y)
         x_pool = self.encode(pool)
@@ -166,21 +170,14 @@ class SurrogateSearch:
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
         explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
-        if n > 1 and P.stall > 0 and self._stalled_for(generation) >= P.stall:
+        stalled = self._stalled_for(generation) if n > 1 else 0
+        if P.stall > 0 and stalled >= P.stall:
             explore = max(explore, n // 2)  # the model's region looks spent: look elsewhere harder
-        mean = per_tree.mean(axis=0)
-        if P.acq == "ei":  # expected improvement (in log time) over the best, per the trees' mean and spread
-            from scipy.stats import norm
-            sd = np.maximum(per_tree.std(axis=0), 1e-9)
-            z = (float(np.min(y)) - mean) / sd
-            acq = -(sd * (z * norm.cdf(z) + norm.pdf(z)))
-        elif P.acq == "lcb":
-            acq = mean - P.kappa * per_tree.std(axis=0)
+        if P.give_up > 0 and stalled >= P.give_up:
+            explore = n - 1  # long spent: the model keeps one guess, the rest of the batch searches the space
         for slot in range(n - explore):
             if slot == 0:
-                score = mean
-            elif P.acq in ("ei", "lcb"):
-                score = acq
+                score = per_tree.mean(axis=0)
             else:
                 trees = rng.sample(range(P.trees), min(P.draw_trees, P.trees))
                 score = per_tree[trees].mean(axis=0)
