@@ -257,3 +257,28 @@ def test_surrogate_models_failures_apart_and_proposes_deterministically(toy_dir:
     assert first == second and len(first) == 6 and len(set(first)) == 6
     seen = {g for g, _, _ in strat.history(3)}
     assert not set(first) & seen
+
+
+def test_surrogate_explores_more_the_longer_it_stalls(toy_dir: Path, monkeypatch):
+    """One slot in `explore` explores; half the batch once the best has not improved for `stall` generations; all
+    but the model's best guess after `give_up`; the earlier ExtraTrees model stays available, an unknown one is
+    refused."""
+    from evoengineer.search.surrogate import SurrogateParams, SurrogateSearch
+
+    *_, runner, _, _, _, _ = run_strategy(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "s.db",
+                                          "surrogate", None, budget=36, seed=5)
+    asked = []
+    far = SurrogateSearch._far_unseen
+
+    def spy(self, rng, seen, picked, n):
+        asked.append((len(picked), n))
+        return far(self, rng, seen, picked, n)
+
+    monkeypatch.setattr(SurrogateSearch, "_far_unseen", spy)
+    for stalled, split in ((0, (7, 1)), (3, (4, 4)), (6, (1, 7))):
+        monkeypatch.setattr(SurrogateSearch, "_stalled_for", lambda self, g, s=stalled: s)
+        out = SurrogateSearch(runner).propose(3, 8)
+        assert asked[-1] == split and len(out) == len(set(out)) == 8, (stalled, asked[-1])
+    assert len(SurrogateSearch(runner, SurrogateParams(model="extra")).propose(3, 8)) == 8
+    with pytest.raises(ValueError, match="surrogate model 'gp'"):
+        SurrogateSearch(runner, SurrogateParams(model="gp")).propose(3, 8)

@@ -46,7 +46,7 @@ class SurrogateParams:
     incumbents: int = 5  # the best found so far whose single-gene neighbours join the pool
     explore: int = 8  # one slot in `explore` (rounded up) explores (far from what was seen); 0: none
     stall: int = 3  # generations without a better time after which half of each batch explores
-    give_up: int = 0  # ... and after which all but the model's best guess explore (0: never)
+    give_up: int = 6  # ... and after which all but the model's best guess explore (0: never)
     far_draws: int = 32  # an exploring slot takes the farthest from every evaluation of this many random draws
     draw_trees: int = 8  # trees in one Thompson-style draw
     p_correct: float = 0.3  # the classifier's chance of a correct result a proposal needs
