@@ -176,3 +176,49 @@ def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: st
                            21)
     small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129), page_size=64), 22)
     assert_right_call_after_call(task, module, big, small)
+
+
+@pytest.mark.parametrize("name,q_dtype,dequant", [("decode_fp16_d128", "float16", None),
+                                                   ("decode_fp16_d128", "bfloat16", None),
+                                                   ("decode_fp8kv_d128", "float16", "registers"),
+                                                   ("decode_fp8kv_d128", "float16", "shared"),
+                                                   ("decode_fp8kv_d128", "bfloat16", "shared")])
+def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequant: str | None, tmp_path: Path,
+                                                  build_cache: Path):
+    """LOAD_PATH = tma (tensor-map boxes of whole slices, 128-byte swizzle) returns exactly what the cp.async kernel
+    with the same genes returns: ragged lengths 1 / Sk / mid-tile with NaN past them (a box brings those rows in),
+    Sk not a multiple of a slice (rows past Sk read as zeros, not the next head's), one head and many splits; right
+    call after call and from CUDA-graph replays."""
+    from evoengineer.tasks.decode import DecodeShape
+
+    text = (SPACES_DIR / f"{name}.toml").read_text().replace('Q_DTYPE = "float16"', f'Q_DTYPE = "{q_dtype}"')
+    if "fp8" not in name:
+        text = text.replace('KV_DTYPE = "float16"', f'KV_DTYPE = "{q_dtype}"')
+    (tmp_path / "space.toml").write_text(text)
+    space = load_space(tmp_path / "space.toml")
+    params = {"BLOCK_N": 64, "NUM_WARPS": 2, "STAGES": 3, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
+              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
+    if dequant:
+        params["DEQUANT"] = dequant
+    assert not space.violated(params), space.violated(params)
+    task, tma = build_candidate(space, params, build_cache)
+    _, cp = build_candidate(space, {**params, "LOAD_PATH": "cp_async"}, build_cache)
+    shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
+              DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),
+              DecodeShape("short", B=4, Hq=8, Hkv=8, Sk=40, seq_lens=(40, 3, 33, 17))]
+    atol, rtol = task.tolerance()
+    for i, shape in enumerate(shapes):
+        inputs = task.make_inputs(shape, 40 + i)
+        outs = []
+        for module in (tma, cp):
+            out = task.new_output(inputs)
+            task.launch(module, inputs, out)
+            outs.append(out)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[1]), (shape.name, float((outs[0].double() - outs[1].double()).abs().max()))
+        ref = task.reference(inputs)
+        assert torch.isfinite(outs[0]).all()
+        assert ((outs[0].double() - ref).abs() <= atol + rtol * ref.abs()).all(), shape.name
+    big = task.make_inputs(shapes[1], 50)
+    small = task.make_inputs(shapes[0], 51)
+    assert_right_call_after_call(task, tma, big, small)

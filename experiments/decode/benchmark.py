@@ -124,7 +124,12 @@ def paged_twins(kernels: list[tuple[str, object, dict]]) -> list[tuple[str, obje
     for label, space, params in kernels:
         twin = SPACES_DIR / f"{space.name}_paged.toml"
         if space.signature.get("KV_LAYOUT", "contiguous") == "contiguous" and twin.exists():
-            out.append((f"{label}_paged", load_space(twin), params))
+            paged = load_space(twin)
+            broken = paged.violated(params)
+            if broken:  # e.g. LOAD_PATH = tma: a tensor-map box does not follow a block table
+                print(f"{label}: no paged twin ({space.name}_paged forbids it: {broken[0]})", file=sys.stderr)
+                continue
+            out.append((f"{label}_paged", paged, params))
     return out
 
 
