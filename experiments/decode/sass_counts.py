@@ -2,7 +2,11 @@
 instructions go), from `ncu --page source --csv --print-source sass` and, for labels and durations,
 `ncu --page details` of the same report (profile.py's NVTX ranges name the kernels).
 
-    python experiments/decode/sass_counts.py SOURCE.csv DETAILS.txt [--keys 524288] [--top 14]
+    python experiments/decode/sass_counts.py SOURCE.csv DETAILS.txt [--order PROFILE.log] [--keys 524288] [--top 14]
+
+--order: profile.py's output (its "LABEL: ... us" lines, in launch order) names the kernels when the details page
+has no NVTX ranges (an imported report): each main kernel takes the next label, a combine or reduction kernel the
+label of the kernel before it.
 
 --keys: (group, key) pairs of the profiled shape (B x Hkv x Sk; default the decode shape 8 x 8 x 8192), to report
 instructions per key.
@@ -62,11 +66,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source")
     ap.add_argument("details")
+    ap.add_argument("--order", help="profile.py's log: labels in launch order")
     ap.add_argument("--keys", type=int, default=8 * 8 * 8192)
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args()
     kernels = kernels_in_source(open(a.source).read())
     labels = labels_in_details(open(a.details).read())
+    if a.order:
+        order = [m.group(1) for m in re.finditer(r"^(\S+): [\d.]+ us", open(a.order).read(), flags=re.M)]
+        named, k = [], -1
+        for name, _ in kernels:
+            helper = "combine" in name or "reduction" in name
+            k += 0 if helper and k >= 0 else 1
+            named.append((order[k] if k < len(order) else "?") + (" (its combine)" if helper else ""))
+        labels = [(lab, dur) for lab, (_, dur) in zip(named, labels)]
     for i, (name, ops) in enumerate(kernels):
         label, dur = labels[i] if i < len(labels) else ("?", "?")
         total = sum(ops.values())

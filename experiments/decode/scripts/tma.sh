@@ -25,4 +25,4 @@ timeout -k 5 ${NCU_TIMEOUT:-200} ncu --profile-from-start off --set full --impor
 echo "ncu rc $?"
 ncu --import "$dest/tma.ncu-rep" --page source --csv --print-source sass > "$dest/ncu_tma_source.csv" 2>/dev/null
 ncu --import "$dest/tma.ncu-rep" --print-nvtx-rename kernel --page details > "$dest/ncu_tma_details.txt" 2>/dev/null
-python3 experiments/decode/sass_counts.py "$dest/ncu_tma_source.csv" "$dest/ncu_tma_details.txt" | tee "$dest/ncu_tma_counts.txt"
+python3 experiments/decode/sass_counts.py "$dest/ncu_tma_source.csv" "$dest/ncu_tma_details.txt" --order "$dest/ncu_tma.log" | tee "$dest/ncu_tma_counts.txt"
