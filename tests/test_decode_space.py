@@ -26,9 +26,11 @@ def test_the_spaces_ship():
 
 
 def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
-    """kSmemBytes as the template's Traits compute it."""
+    """kSmemAlloc as the template's Traits compute it (tma: unpadded rows, 1024 bytes of slack for the swizzle
+    atom's alignment)."""
     slice_ = p["BLOCK_N"] // p["NUM_WARPS"]
-    pitch = head_dim * (1 if fp8 else 2) + 16
+    tma = p["LOAD_PATH"] == "tma"
+    pitch = head_dim * (1 if fp8 else 2) + (0 if tma else 16)
     half_pitch = head_dim * 2 + 16
     rows = 16 * p["M_TILES"]
     ring = p["NUM_WARPS"] * p["STAGES"] * 2 * slice_ * pitch
@@ -36,7 +38,7 @@ def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
     q = 0 if p["Q_IN_REGISTERS"] else rows * half_pitch
     merge = rows * head_dim * 4 + 2 * p["NUM_WARPS"] * rows * 4 + 2 * rows * 4
     bar_offset = (max(ring + conv + q, merge) + 15) // 16 * 16
-    return bar_offset + (p["NUM_WARPS"] * p["STAGES"] * 8 if p["LOAD_PATH"] == "bulk" else 0)
+    return bar_offset + (p["NUM_WARPS"] * p["STAGES"] * 8 if p["LOAD_PATH"] in ("bulk", "tma") else 0) + 1024 * tma
 
 
 def _traits(source: str) -> dict[str, str]:
@@ -71,6 +73,8 @@ def test_space_matches_the_template(space_file: Path):
         assert (int(t["kBlockN"]), int(t["kWarps"]), int(t["kStages"]), int(t["kMTiles"]), int(t["kMinBlocks"])) == (
             p["BLOCK_N"], p["NUM_WARPS"], p["STAGES"], p["M_TILES"], p["MIN_BLOCKS"])
         assert t["kBulk"] == str(p["LOAD_PATH"] == "bulk").lower()
+        assert t["kTma"] == str(p["LOAD_PATH"] == "tma").lower()
+        assert ("cp.async.bulk.tensor.3d" in src) == (p["LOAD_PATH"] == "tma")
         assert t["kCombineInKernel"] == str(p["COMBINE"] == "in_kernel").lower()
         assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
         assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
@@ -99,13 +103,16 @@ def test_correctness_shapes_cover_the_issue(space_file: Path):
 
 
 def test_paged_spaces_are_their_contiguous_spaces_with_pages():
-    """A paged space searches the genes of its contiguous twin (same parameters and constraints)."""
+    """A paged space searches the genes of its contiguous twin (same parameters and constraints, plus the one that
+    keeps tensor-map loads out: a box is a run of one sequence's rows, a paged slice is not)."""
+    paged_only = ["LOAD_PATH != 'tma'"]
     for paged in SPACES:
         if not paged.stem.endswith("_paged"):
             continue
         a, b = load_space(paged), load_space(SPACES_DIR / f"{paged.stem[:-len('_paged')]}.toml")
         assert [(x.name, x.values) for x in a.parameters] == [(x.name, x.values) for x in b.parameters]
-        assert [c.text for c in a.constraints] == [c.text for c in b.constraints] and a.gates == b.gates
+        assert [c.text for c in a.constraints if c.text not in paged_only] == [c.text for c in b.constraints]
+        assert [c.text for c in a.constraints if c.text in paged_only] == paged_only and a.gates == b.gates
         assert {k: v for k, v in a.signature.items() if k != "KV_LAYOUT"} == b.signature
 
 
@@ -127,9 +134,29 @@ def test_a_paged_space_needs_page_sizes(tmp_path: Path):
 def test_the_template_refuses_unknown_choices(tmp_path: Path):
     """A space naming a load path or combine the template does not know renders to an #error, not a silent default."""
     text = (SPACES_DIR / "decode_fp16_d128.toml").read_text()
-    text = text.replace('values = ["cp_async", "bulk"]', 'values = ["cp_async", "bulk", "ldg"]')
+    text = text.replace('values = ["cp_async", "bulk", "tma"]', 'values = ["cp_async", "bulk", "tma", "ldg"]')
     (tmp_path / "s.toml").write_text(text)
     space = load_space(tmp_path / "s.toml")
     p = next(q for q in map(space.genome_to_params, space.valid_genomes()) if q["COPY_BYTES"] == 16)
     src = CandidateFactory(space).make({**p, "LOAD_PATH": "ldg"}).source
     assert '#error "unknown LOAD_PATH / COMBINE"' in src
+
+
+def test_tma_loads_are_refused_where_a_box_is_not_a_slice(tmp_path: Path):
+    """LOAD_PATH = tma renders to an #error for paged caches (a box is a run of one sequence's rows) and for rows
+    narrower than the 128-byte swizzle (FP8 at head dim 64); the paged spaces' constraint keeps it out of them."""
+    paged = load_space(SPACES_DIR / "decode_fp16_d128_paged.toml")
+    p = next(q for q in map(paged.genome_to_params, paged.valid_genomes()) if q["COPY_BYTES"] == 16)
+    assert paged.violated({**p, "LOAD_PATH": "tma"}) == ["LOAD_PATH != 'tma'"]
+    text = (SPACES_DIR / "decode_fp16_d128_paged.toml").read_text().replace('  "LOAD_PATH != \'tma\'",\n', "")
+    (tmp_path / "paged.toml").write_text(text)
+    loose = load_space(tmp_path / "paged.toml")
+    src = CandidateFactory(loose).make({**p, "LOAD_PATH": "tma"}).source
+    assert '#error "LOAD_PATH = tma reads contiguous caches' in src
+    text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text().replace('values = ["cp_async", "bulk"]',
+                                                                      'values = ["cp_async", "bulk", "tma"]')
+    (tmp_path / "d64.toml").write_text(text)
+    d64 = load_space(tmp_path / "d64.toml")
+    q = next(x for x in map(d64.genome_to_params, d64.valid_genomes()) if x["COPY_BYTES"] == 16)
+    src = CandidateFactory(d64).make({**q, "LOAD_PATH": "tma"}).source
+    assert '#error "LOAD_PATH = tma needs K/V rows of whole 128-byte boxes' in src
