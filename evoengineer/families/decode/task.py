@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from evoengineer.errors import UserError
 from evoengineer.families.sdpa.task import FP8_MAX, AttentionTask
 from evoengineer.family import check_shape_keys
+# the op adapter's (torch-only, exported with the op): one reading of a block table for the op and the task
+from evoengineer.families.decode.op import gather_pages
 
 __all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", "min_bytes", "gather_pages",
            "shared_prefix_pages"]
@@ -177,15 +179,6 @@ def _to_pages(caches: list[torch.Tensor], shape: DecodeShape, g: torch.Generator
         pool[torch.tensor(list(physical.values()), dtype=torch.long)] = pages[bs, js]
         pools.append(pool)
     return pools, table
-
-
-def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """A page pool ``[num_pages, page_size, Hkv, D]`` read through ``block_table [B, max_pages]`` as contiguous
-    caches ``[B, Hkv, max_pages x page_size, D]``."""
-    B, P = block_table.shape
-    _, ps, Hkv, D = pool.shape
-    pages = pool[block_table.long().to(pool.device)]  # [B, P, ps, Hkv, D]
-    return pages.permute(0, 3, 1, 2, 4).reshape(B, Hkv, P * ps, D)
 
 
 def make_inputs(shape: DecodeShape, seed: int, *, head_dim: int, q_dtype: torch.dtype = torch.float16,
