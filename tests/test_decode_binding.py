@@ -70,7 +70,7 @@ def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
     cases = [
         ((q[0], k, v, ks, vs, lens, out), "q: expected 4 dimensions"),
         ((q.float(), k, v, ks, vs, lens, out), "q: dtype float32, but this kernel was compiled for float16"),
-        ((q, k, v, ks, vs, lens, out.bfloat16()), "out: dtype bfloat16 must match q"),
+        ((q, k, v, ks, vs, lens, out.bfloat16()), "out: dtype bfloat16, but this kernel writes float16"),
         ((q, k.bfloat16(), v, ks, vs, lens, out), "k: dtype bfloat16, but this kernel was compiled for float16"),
         ((q, k, v.to(torch.float8_e4m3fn), ks, vs, lens, out), "v: dtype float8_e4m3fn"),
         ((q, k, v, ks.double(), vs, lens, out), "must be float32"),

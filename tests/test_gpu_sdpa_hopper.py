@@ -1,7 +1,9 @@
 """GPU tests (skipped without CUDA) of the Hopper-native SDPA family (templates/cuda/sdpa_hopper.cu.j2): sampled
 genomes of every sdpa_hopper space through the real pipeline (ragged tails, causal, Sq != Sk, B = H = 1), a
-persistent kernel called again and again (eagerly, on other shapes, from a CUDA graph), and a planted expect-tx
-mistake that deadlocks the kernel and must end as `timeout` with the next candidate measured normally."""
+persistent kernel called again and again (eagerly, on other shapes, from a CUDA graph), FP8 attention (e4m3 Q/K/V,
+V transposed in shared memory) against float64 attention on the dequantized inputs and fp16 SDPA on the unquantized
+ones, its exported op, and a planted expect-tx mistake that deadlocks the kernel and must end as `timeout` with the
+next candidate measured normally."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
     assert not bad, bad
     ok = [m for _, m in results if m.status == "ok"]
     assert len(ok) >= len(results) // 2, [(c.params, m.status, m.reason) for c, m in results]
-    atol = 4e-3 if space.signature["Q_DTYPE"] == "float16" else 3e-2
+    atol = {"float16": 4e-3, "bfloat16": 3e-2, "float8_e4m3": 0.015}[space.signature["Q_DTYPE"]]
     for m in ok:
         assert m.metrics["rmse"] < atol
         assert m.metrics["speedup_vs"]["sdpa"] > 0 and m.metrics["time_us"] > 0
@@ -71,14 +73,18 @@ PERSISTENT_GENOMES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PERSISTENT_GENOMES))
+FP8_PERSISTENT = {"fp8_" + k: {**v, "PRODUCER_REGS": 40} for k, v in PERSISTENT_GENOMES.items()}
+
+
+@pytest.mark.parametrize("name", sorted(PERSISTENT_GENOMES) + sorted(FP8_PERSISTENT))
 def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path):
     """A persistent kernel gives the right answer on every call: twice in a row, after a call on another shape
     (another grid and tile count), and from two replays of a CUDA graph."""
     from evoengineer.tasks.sdpa import SDPAShape
 
-    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
-    params = PERSISTENT_GENOMES[name]
+    fp8 = name.startswith("fp8_")
+    space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
+    params = {**PERSISTENT_GENOMES, **FP8_PERSISTENT}[name]
     assert not space.violated(params)
     task, module = build_candidate(space, params, build_cache)
     big = task.make_inputs(SDPAShape("big", B=4, H=16, Sq=1024, Sk=1024), 11)  # 512 tiles: several per CTA
@@ -108,3 +114,79 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
         results = {c.params["PERSISTENT"]: m for c, m in ev.evaluate_many([hang, fine])}
     assert results[True].status == "timeout", (results[True].status, results[True].reason)
     assert results[False].status == "ok", (results[False].status, results[False].reason)
+
+
+FP8_GENOME = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 40,
+              "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
+              "CLUSTER_SIZE": 1}
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
+def test_fp8_attention_against_fp16_sdpa_and_its_op(out_dtype: str, tmp_path: Path, build_cache: Path):
+    """FP8 attention: within the FP8 tolerance of float64 attention on the dequantized inputs on ragged, causal,
+    Sq != Sk and one-key shapes (every key order the transpose writes is checked: a wrong one moves whole rows);
+    within 0.06 of fp16 SDPA on the unquantized inputs at (2, 8, 1024, 128); inputs untouched; the output in
+    OUT_DTYPE. The exported op takes q_scale / k_scale / v_scale, refuses misuse with one clear error, and matches
+    the kernel."""
+    import evoengineer
+    from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original
+
+    text = (SPACES_DIR / "sdpa_hopper_fp8_d128.toml").read_text().replace('OUT_DTYPE = "float16"',
+                                                                         f'OUT_DTYPE = "{out_dtype}"')
+    (tmp_path / "fp8.toml").write_text(text)
+    space = load_space(tmp_path / "fp8.toml")
+    task, module = build_candidate(space, FP8_GENOME, build_cache)
+    atol, rtol = task.tolerance()
+    for shape in (SDPAShape("one", B=1, H=1, Sq=1, Sk=1), SDPAShape("s77c", B=1, H=2, Sq=77, Sk=77, causal=True),
+                  SDPAShape("ragged", B=2, H=3, Sq=300, Sk=333), SDPAShape("sq_lt_sk", B=1, H=2, Sq=130, Sk=700,
+                                                                               causal=True)):
+        inputs = task.make_inputs(shape, 5)
+        before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        out = task.new_output(inputs)
+        task.launch(module, inputs, out)
+        torch.cuda.synchronize()
+        assert out.dtype == getattr(torch, out_dtype) and torch.isfinite(out).all(), shape
+        ref = task.reference(inputs)
+        err = (out.double() - ref).abs()
+        assert (err <= atol + rtol * ref.abs()).all(), (shape, float(err.max()))
+        assert all(torch.equal(before[k].view(torch.uint8) if before[k].dtype == torch.float8_e4m3fn else before[k],
+                               inputs[k].view(torch.uint8) if inputs[k].dtype == torch.float8_e4m3fn else inputs[k])
+                   for k in before), shape
+    gate = task.make_inputs(SDPAShape("gate", B=2, H=8, Sq=1024, Sk=1024), 6)
+    out = task.new_output(gate)
+    task.launch(module, gate, out)
+    fp16 = sdpa_fp16_original(gate).double()
+    assert float((out.double() - fp16).abs().max()) <= 0.06
+
+    # the exported op, from a real one-genome search's elite.json
+    import re
+
+    from evoengineer.cli import main
+
+    # two genomes (FAST_EXP on and off): the smallest space a search runs on
+    fixed = "\n".join(f"{k} = [{str(v).lower()}]" for k, v in FP8_GENOME.items() if k != "FAST_EXP")
+    text = re.sub(r"\[parameters\]\n(.*?)\n\n", f"[parameters]\n{fixed}\nFAST_EXP = [true, false]\n\n", text,
+                  count=1, flags=re.S)
+    (tmp_path / "one.toml").write_text(text.replace("repeats = 100", "repeats = 5"))
+    assert main(["search", "--space", str(tmp_path / "one.toml"), "--budget", "2", "--population", "2", "--db",
+                 f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "elite.json"), "--cache-dir",
+                 str(build_cache), "--quiet"]) == 0
+    sdpa = evoengineer.load(tmp_path / "elite.json").scaled_dot_product_attention
+    x = task.make_inputs(SDPAShape("op", B=2, H=4, Sq=200, Sk=260, causal=True), 7)
+    got = sdpa(x["q"], x["k"], x["v"], is_causal=True, q_scale=x["q_scale"], k_scale=x["k_scale"],
+               v_scale=x["v_scale"])
+    want = task.reference(x)
+    assert got.dtype == getattr(torch, out_dtype) and ((got.double() - want).abs() <= atol + rtol * want.abs()).all()
+    import json
+
+    best = json.loads((tmp_path / "elite.json").read_text())["elites"][0]["params"]
+    _, best_module = build_candidate(space, best, build_cache)
+    out = task.new_output(x)
+    task.launch(best_module, x, out)
+    assert torch.equal(got, out)  # the op is the kernel (q_scale folded into k_scale the same way)
+    with pytest.raises(TypeError, match="query: dtype float16, but this kernel was compiled for float8_e4m3"):
+        sdpa(x["q_orig"], x["k"], x["v"])
+    with pytest.raises(ValueError, match="q_scale: expected a float32 tensor \\[H\\] = \\[4\\]"):
+        sdpa(x["q"], x["k"], x["v"], q_scale=x["q_scale"][:2])
+    with pytest.raises(ValueError, match="q_scale: on cpu"):
+        sdpa(x["q"], x["k"], x["v"], q_scale=x["q_scale"].cpu())

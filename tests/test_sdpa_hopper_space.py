@@ -19,10 +19,11 @@ SPACES = sorted(SPACES_DIR.glob("sdpa_hopper_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
-def test_the_six_spaces_ship():
+def test_the_eight_spaces_ship():
     assert [p.stem for p in SPACES] == ["sdpa_hopper_bf16_d128", "sdpa_hopper_bf16_d64", "sdpa_hopper_fp16_d128",
                                         "sdpa_hopper_fp16_d128_large", "sdpa_hopper_fp16_d64",
-                                        "sdpa_hopper_fp16_d64_large"]
+                                        "sdpa_hopper_fp16_d64_large", "sdpa_hopper_fp8_d128",
+                                        "sdpa_hopper_fp8_d128_large"]
 
 
 def _traits(source: str) -> dict[str, int]:
@@ -37,6 +38,8 @@ def test_space_constraints_match_the_template(space_file: Path):
     assert space.gates["max_spill_bytes"] == 0 and space.gates["max_registers"] == 255
     sig = space.signature
     assert sig["Q_DTYPE"] == sig["KV_DTYPE"] and sig["HEAD_DIM"] in (64, 128)
+    fp8 = sig["Q_DTYPE"] == "float8_e4m3"
+    elem, kstep = (1, 32) if fp8 else (2, 16)
     names = {s["name"] for s in space.shapes}
     timed = [s for s in space.shapes if s.get("time")]
     assert len(timed) == 1
@@ -53,23 +56,31 @@ def test_space_constraints_match_the_template(space_file: Path):
         nc, mt = p["NUM_CONSUMER_WARPGROUPS"], p["BLOCK_M"] // (64 * p["NUM_CONSUMER_WARPGROUPS"])
         threads, d = 128 * (nc + 1), sig["HEAD_DIM"]
         assert mt in (1, 2)
-        smem = (1 + p["Q_PREFETCH"]) * p["BLOCK_M"] * d * 2 + 2 * p["STAGES"] * p["BLOCK_N"] * d * 2 + 1024
-        assert smem + 8 * (4 + 4 * p["STAGES"]) <= SMEM_LIMIT
+        vt = -(-p["BLOCK_N"] // 128) * 128 * d if fp8 else 0  # FP8: a transposed V slot per stage
+        smem = ((1 + p["Q_PREFETCH"]) * p["BLOCK_M"] * d * elem + p["STAGES"] * (2 * p["BLOCK_N"] * d * elem + vt)
+                + 1024)
+        assert smem + 8 * (4 + (6 if fp8 else 4) * p["STAGES"]) <= SMEM_LIMIT
         # the register budget the constraint assumed is the one the template hands setmaxnreg
         launch = min(65536 // threads // 8 * 8, 248)
         assert t["kConsumerRegs"] == min(240, (launch * (nc + 1) - p["PRODUCER_REGS"]) // nc // 8 * 8)
-        assert mt * (p["BLOCK_N"] // 2 + p["BLOCK_N"] // 4 + d // 2) + 28 <= t["kConsumerRegs"]
+        assert mt * (p["BLOCK_N"] // 2 + p["BLOCK_N"] // (8 if fp8 else 4) + d // 2) + 28 <= t["kConsumerRegs"]
         assert nc == 1 or 128 * p["PRODUCER_REGS"] + 128 * nc * t["kConsumerRegs"] <= launch * threads
         # wgmma shapes and operand lists: S is m64 x BLOCK_N (BLOCK_N / 2 fp32 registers), O is m64 x HEAD_DIM
-        ab = "bf16" if sig["Q_DTYPE"] == "bfloat16" else "f16"
-        assert f"wgmma.mma_async.sync.aligned.m64n{p['BLOCK_N']}k16.f32.{ab}.{ab}" in src
-        assert f"wgmma.mma_async.sync.aligned.m64n{sig['HEAD_DIM']}k16.f32.{ab}.{ab}" in src
+        ab = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3": "e4m3"}[sig["Q_DTYPE"]]
+        assert f"wgmma.mma_async.sync.aligned.m64n{p['BLOCK_N']}k{kstep}.f32.{ab}.{ab}" in src
+        assert f"wgmma.mma_async.sync.aligned.m64n{sig['HEAD_DIM']}k{kstep}.f32.{ab}.{ab}" in src
         qk = src[src.index("void wgmma_qk("):src.index("void wgmma_pv(")]
         pv = src[src.index("void wgmma_pv("):src.index("float exp2_(")]
         n_s, n_o = p["BLOCK_N"] // 2, d // 2
-        assert qk.count('"+f"(d[') == n_s and f"}}, %{n_s}, %{n_s + 1}, p, 1, 1, 0, 0;" in qk
+        # FP8 wgmma has no transpose immediates (both operands K-major); 16-bit reads V MN-major (trans-b = 1)
+        qk_tail, pv_tail = ("p, 1, 1;", "p, 1, 1;") if fp8 else ("p, 1, 1, 0, 0;", "p, 1, 1, 1;")
+        assert qk.count('"+f"(d[') == n_s and f"}}, %{n_s}, %{n_s + 1}, {qk_tail}" in qk
         a_regs = f"{{ %{n_o}, %{n_o + 1}, %{n_o + 2}, %{n_o + 3} }}, "
-        assert pv.count('"+f"(d[') == n_o and f'{a_regs}"\n        "%{n_o + 4}, p, 1, 1, 1;' in pv
+        assert pv.count('"+f"(d[') == n_o and f'{a_regs}"\n        "%{n_o + 4}, {pv_tail}' in pv
+        assert ("kFp8 = true" in src) == fp8 and ("transpose_v(p, pipe" in src)
+        if fp8:  # e4m3 tensor maps, V transposed by the producer warpgroup, P packed as e4m3
+            assert "kElemBytes = kFp8 ? 1 : 2;" in src and t["kTransposeWarps"] == 3
+            assert p["NUM_CONSUMER_WARPGROUPS"] == 1 or p["PRODUCER_REGS"] >= 40
         assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src
         assert ("setmaxnreg_dec<Tr::kProducerRegs>" in src) and ("kSetMaxNReg = kConsumerWGs > 1" in src)
         assert "PLANTED FOR TESTS" not in src
@@ -120,3 +131,41 @@ def test_cluster_genomes_render_multicast_and_cluster_wide_release():
     assert "if constexpr (Tr::kCluster > 1)" in two and "kKVRowsPerCTA = kBlockN / kCluster" in two
     # BLOCK_N whose half is not a whole swizzle atom is refused for clusters (a custom space could offer it)
     assert "BLOCK_N % (8 * CLUSTER_SIZE) == 0" in [c.text for c in space.constraints]
+
+
+def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
+    """FP8 attention: the spaces' signature (e4m3 Q/K/V, fp16 out) and gate shape; the template refuses what its FP8
+    path does not do (head dim 64, BLOCK_N not a multiple of 32, an FP8 output, mixed dtypes) with #error."""
+    space = load_space(SPACES_DIR / "sdpa_hopper_fp8_d128.toml")
+    assert space.signature == {"HEAD_DIM": 128, "Q_DTYPE": "float8_e4m3", "KV_DTYPE": "float8_e4m3",
+                               "OUT_DTYPE": "float16"}
+    gate = next(s for s in space.shapes if s["name"] == "gate")
+    assert gate["fp16_max_abs_err"] == 0.06 and not gate.get("causal", False)
+    valid = [space.genome_to_params(g) for g in space.valid_genomes()]
+    assert all(p["BLOCK_N"] % 32 == 0 for p in valid) and {p["CLUSTER_SIZE"] for p in valid} == {1, 2}
+    # the transposing warps spill at 24 registers: refused by the constraint, not by a wasted build
+    assert not any(p["NUM_CONSUMER_WARPGROUPS"] > 1 and p["PRODUCER_REGS"] == 24 for p in valid)
+    base = next(p for p in valid if p["BLOCK_N"] == 128)
+    ok = CandidateFactory(space).make(base).source
+    assert "__nv_cvt_float2_to_fp8x2" in ok and "fence.proxy.async.shared::cta" in ok
+    assert "CU_TENSOR_MAP_DATA_TYPE_UINT8" in ok and "OutElem = __half;" in ok
+
+    def errors(src: str) -> list[str]:
+        return re.findall(r'^#error "([^"]*)"', src, re.M)
+
+    assert errors(ok) == []
+    text = (SPACES_DIR / "sdpa_hopper_fp8_d128.toml").read_text()
+    variants = (('OUT_DTYPE = "float16"', 'OUT_DTYPE = "bfloat16"', None),
+                ('HEAD_DIM = 128', 'HEAD_DIM = 64', "HEAD_DIM must be 64 or 128 (FP8: 128"),
+                ('OUT_DTYPE = "float16"', 'OUT_DTYPE = "float8_e4m3"', "OUT_DTYPE"),
+                ('KV_DTYPE = "float8_e4m3"', 'KV_DTYPE = "float16"', "float8_e4m3 Q/K/V of one dtype"))
+    for i, (old, new, why) in enumerate(variants):
+        (tmp_path / f"v{i}.toml").write_text(text.replace(old, new))
+        src = CandidateFactory(load_space(tmp_path / f"v{i}.toml")).make(base).source
+        if why is None:
+            assert errors(src) == [] and "OutElem = __nv_bfloat16;" in src
+        else:
+            assert any(why in e for e in errors(src)), (old, errors(src))
+    (tmp_path / "n48.toml").write_text(text.replace("BLOCK_N = [64,", "BLOCK_N = [48, 64,"))
+    src = CandidateFactory(load_space(tmp_path / "n48.toml")).make({**base, "BLOCK_N": 48}).source
+    assert any("multiple of 32" in e for e in errors(src))

@@ -15,7 +15,8 @@ of default SDPA from Python (includes launch overhead).
 --grid: the issue-13 table. Every --kernel (rank 1 of its elite.json; the head dim comes from its space) on every
 shape of GRID_SHAPES with its head dim, causal and not, next to cuDNN, flash (FA2) and memory-efficient, all in this
 process on the same inputs, kernel-only (CUDA graph replay as above, L2 warm); per kernel: us, TFLOPS, x cuDNN, and the
-max abs error against fp16 SDPA. The best kernel of each row is named with its ratio to cuDNN.
+max abs error against fp16 SDPA. An FP8 attention kernel (sdpa_hopper_fp8_*) runs on the same draws quantized per
+head (e4m3 Q/K/V), against cuDNN on the fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best kernel of each row is named with its ratio to cuDNN.
 
 --revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
 events, L2 flushed before every call: evoengineer.evaluators.timing.time_callable), p50/p90/p99 next to the
@@ -211,8 +212,15 @@ def grid(a) -> list[dict]:
             continue
         for causal in (False, True):
             shape = SDPAShape(f"b{B}h{H}s{S}d{D}", B=B, H=H, Sq=S, Sk=S, causal=causal)
-            task0 = mine[0][2]
-            inputs = task0.make_inputs(shape, seed=1234)
+            # 16-bit inputs for the torch backends (a 16-bit kernel's own); an FP8 kernel gets the same draws
+            # quantized (its task's make_inputs with the same seed: q_orig / k_orig / v_orig are these tensors)
+            task0 = next((k[2] for k in mine if not k[2].fp8), None)
+            if task0 is None:
+                task0 = mine[0][2]
+                drawn = task0.make_inputs(shape, seed=1234)
+                inputs = {"q": drawn["q_orig"], "k": drawn["k_orig"], "v": drawn["v_orig"], "causal": drawn["causal"]}
+            else:
+                inputs = task0.make_inputs(shape, seed=1234)
             q, k, v = inputs["q"], inputs["k"], inputs["v"]
             want = F.scaled_dot_product_attention(q, k, v, is_causal=causal).double()
             row = {"shape": [B, H, S, D], "causal": causal, "tflop": task0.flops(shape) / 1e12, "backends_us": {},
@@ -225,15 +233,16 @@ def grid(a) -> list[dict]:
                 except RuntimeError as exc:
                     row["refused"][name] = first_line(exc)
             for name, _, task, module, _ in mine:
-                out = task.new_output(inputs)
-                task.launch(module, inputs, out)
+                kin = task.make_inputs(shape, seed=1234) if task.fp8 else inputs
+                out = task.new_output(kin)
+                task.launch(module, kin, out)
                 torch.cuda.synchronize()
-                us = graph_us(lambda: task.launch(module, inputs, out), a.graph_calls, a.repeats)
+                us = graph_us(lambda: task.launch(module, kin, out), a.graph_calls, a.repeats)
                 row["kernels"][name] = {"us": us, "tflops": row["tflop"] / (us * 1e-6),
                                         "max_abs_err": float((out.double() - want).abs().max())}
                 if "cudnn" in row["backends_us"]:
                     row["kernels"][name]["x_cudnn"] = row["backends_us"]["cudnn"] / us
-                del out
+                del out, kin
             best = min(row["kernels"], key=lambda n: row["kernels"][n]["us"])
             row["best"] = best
             rows.append(row)

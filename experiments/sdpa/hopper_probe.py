@@ -3,7 +3,8 @@ ragged / causal / Sq != Sk shapes, then kernel-only time (CUDA graph replay, L2 
 
     python experiments/sdpa/hopper_probe.py [--space sdpa_hopper_fp16_d64] [--genomes FILE.json] [--json OUT]
 
-Without --genomes: a fixed spread over consumer warpgroups, BLOCK_N, overlap / ping-pong / persistence.
+Without --genomes: a fixed spread over consumer warpgroups, BLOCK_N, overlap / ping-pong / persistence. FP8 spaces
+(sdpa_hopper_fp8_*): the kernel on e4m3 Q/K/V, cuDNN and FA2 on the fp16 draws they were quantized from.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def main() -> int:
     space = load_space(SPACES_DIR / f"{a.space}.toml")
     task = get_task(space)
     D = space.signature["HEAD_DIM"]
-    genomes = json.loads(Path(a.genomes).read_text()) if a.genomes else [{**BASE, **d} for d in SPREAD]
+    # FP8: producer warps 1-3 transpose V and need 40 registers or more (the space's constraint)
+    base = {**BASE, "PRODUCER_REGS": 40} if space.signature["Q_DTYPE"] == "float8_e4m3" else BASE
+    genomes = json.loads(Path(a.genomes).read_text()) if a.genomes else [{**base, **d} for d in SPREAD]
     genomes = [g for g in genomes if not space.violated(g)]
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
                 cache_dir=Path(a.cache_dir))
@@ -101,7 +104,8 @@ def main() -> int:
                 inputs = task.make_inputs(SDPAShape("t", B=B, H=H, Sq=S, Sk=S, causal=causal), 7)
                 out = task.new_output(inputs)
                 us = graph_us(lambda: task.launch(mod, inputs, out), 20, 30)
-                q, k, v = inputs["q"], inputs["k"], inputs["v"]
+                # FP8 kernels: the torch backends run fp16 on the unquantized draws
+                q, k, v = (inputs.get(f"{n}_orig", inputs[n]) for n in ("q", "k", "v"))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     cu = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 20, 30)
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):

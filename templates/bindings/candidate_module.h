@@ -390,25 +390,27 @@ struct EvoCheckedTensor {
 };
 
 // The signature of an attention kernel (sdpa, decode families): HEAD_DIM, Q_DTYPE (default float16), KV_DTYPE
-// (default Q_DTYPE).
+// (default Q_DTYPE), OUT_DTYPE (default Q_DTYPE; an FP8 Q writes float16 or bfloat16).
 struct EvoAttentionSignature {
   int64_t head_dim = 0;
-  at::ScalarType q_dtype = at::kHalf, kv_dtype = at::kHalf;
+  at::ScalarType q_dtype = at::kHalf, kv_dtype = at::kHalf, out_dtype = at::kHalf;
   std::string text;
 };
 inline void evo_read_attention_signature(EvoAttentionSignature& sig) {
   const auto parsed = evo_parse_signature(sig.text.c_str());
   sig.head_dim = evo_signature_int(parsed, "HEAD_DIM");
+  const char* q_name = parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str() : "float16";
   sig.q_dtype = evo_signature_dtype(parsed, "Q_DTYPE", "float16");
-  sig.kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", parsed.count("Q_DTYPE") ? parsed.at("Q_DTYPE").c_str()
-                                                                                   : "float16");
+  sig.kv_dtype = evo_signature_dtype(parsed, "KV_DTYPE", q_name);
+  sig.out_dtype = evo_signature_dtype(parsed, "OUT_DTYPE", q_name);
 }
 
 // What every attention binding checks first: q's device is the kind this build runs on; q, k, v, out are 4-D and
-// k_scale, v_scale 1-D, all contiguous on q's device; q and out have the compiled Q dtype.
+// k_scale, v_scale 1-D, all contiguous on q's device; q has the compiled Q dtype, out the compiled output dtype.
 inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                          const torch::Tensor& k_scale, const torch::Tensor& v_scale,
-                                         const torch::Tensor& out, at::ScalarType q_dtype, const std::string& sig) {
+                                         const torch::Tensor& out, at::ScalarType q_dtype, at::ScalarType out_dtype,
+                                         const std::string& sig) {
   const auto device = q.device();
   evo_expect_build_device(q, "q");
   evo_expect_tensor(q, "q", 4, device);
@@ -418,8 +420,8 @@ inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Te
   evo_expect_tensor(k_scale, "k_scale", 1, device);
   evo_expect_tensor(v_scale, "v_scale", 1, device);
   evo_expect_dtype(q, "q", q_dtype, sig);
-  EVO_CHECK_TYPE(out.scalar_type() == q_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()), " must match q (",
-                 evo_dtype_name(q_dtype), ")");
+  EVO_CHECK_TYPE(out.scalar_type() == out_dtype, "out: dtype ", evo_dtype_name(out.scalar_type()),
+                 ", but this kernel writes ", evo_dtype_name(out_dtype), " (", sig, ")");
 }
 
 // Calls `call(workspace, &bytes)` (an entry point's workspace protocol: with workspace == nullptr a kernel that

@@ -43,7 +43,7 @@ int forward(const DecodeSignature& sig, const torch::Tensor& q, const torch::Ten
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& seq_lens,
             const torch::Tensor* block_table, const torch::Tensor& out, double softmax_scale) {
   const auto device = q.device();
-  evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.text);
+  evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.out_dtype, sig.text);
   evo_expect_tensor(seq_lens, "seq_lens", 1, device);
   evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
   evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);

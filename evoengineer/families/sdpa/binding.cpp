@@ -26,7 +26,7 @@ int forward(const SdpaSignature& sig, const torch::Tensor& q, const torch::Tenso
             const torch::Tensor& k_scale, const torch::Tensor& v_scale, const torch::Tensor& out, bool causal,
             double softmax_scale) {
   const auto device = q.device();
-  evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.text);
+  evo_expect_attention_tensors(q, k, v, k_scale, v_scale, out, sig.q_dtype, sig.out_dtype, sig.text);
   evo_expect_dtype(k, "k", sig.kv_dtype, sig.text);
   evo_expect_dtype(v, "v", sig.kv_dtype, sig.text);
   EVO_CHECK_TYPE(k_scale.scalar_type() == at::ScalarType::Float && v_scale.scalar_type() == at::ScalarType::Float,
