@@ -292,3 +292,72 @@ def test_main_space_counts():
     assert counts["sdpa_fp16_d64"] == counts["sdpa_bf16_d64"] == 360
     assert counts["sdpa_fp16_d128"] < counts["sdpa_fp8kv_d64"] < counts["sdpa_fp16_d64"]
     assert math.prod(len(p.values) for p in load_space(SPACES[0]).parameters) == 1152
+
+
+# ---- FP8 attention (e4m3 Q, K, V; the Hopper template's FP8 path) -----------------------------------------------
+def _fp8_kernel_model(inputs, tile: int = 96, lazy: float | None = 8.0, swap_keys: bool = False) -> torch.Tensor:
+    """What the FP8 kernel computes, on the CPU: fp32 scores of the e4m3 inputs, an online softmax over key tiles
+    (a stale running maximum unless a tile's rises more than `lazy`, as RESCALE = lazy does), P rounded to e4m3, fp32
+    P V and row sums, fp16 output. `swap_keys`: V's keys 14 and 15 of every whole 16 trade places (a transpose bug)."""
+    q = sdpa.dequantized(inputs, "q", torch.float32)
+    k = sdpa.dequantized(inputs, "k", torch.float32)
+    v = sdpa.dequantized(inputs, "v", torch.float32)
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    if swap_keys:
+        idx = torch.arange(Sk)
+        for g in range(0, Sk - 15, 16):
+            idx[g + 14], idx[g + 15] = g + 15, g + 14
+        v = v[:, :, idx]
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(D)) * 1.4426950408889634
+    if bool(inputs["causal"]):
+        s = s.masked_fill(torch.ones(Sq, Sk, dtype=torch.bool).triu(1), -math.inf)
+    m = torch.full((B, H, Sq, 1), -math.inf)
+    o = torch.zeros(B, H, Sq, D)
+    l = torch.zeros(B, H, Sq, 1)
+    for n0 in range(0, Sk, tile):
+        st = s[..., n0:n0 + tile]
+        mt = st.amax(-1, keepdim=True)
+        keep = (mt <= m + lazy) if lazy is not None else torch.zeros_like(mt, dtype=torch.bool)
+        m_new = torch.where(keep, m, torch.maximum(m, mt))
+        mu = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+        corr = torch.exp2(m - mu)
+        p = torch.exp2(st - mu)
+        l = l * corr + p.sum(-1, keepdim=True)
+        o = o * corr + p.to(FP8).float() @ v[:, :, n0:n0 + tile]
+        m = m_new
+    return (o / l).half()
+
+
+def test_fp8_attention_check_takes_the_rounding_of_p_and_nothing_more():
+    """The FP8 attention check (fp8_p_rounding_bound + RMSE): a model of the kernel's arithmetic (online softmax,
+    lazy maximum, e4m3 P) passes on the FP8 spaces' correctness shapes over several seeds; V's keys in a wrong order
+    (a transpose bug), keys lost (a missing load), or one output bumped by 0.1 fail."""
+    task = _cpu_task("sdpa_hopper_fp8_d128")
+    assert task.fp8_attention and task.output_dtype() == torch.float16
+    assert task.binding_signature().endswith(";OUT_DTYPE=float16")
+    shapes = [e.shape for e in task.entries if not e.time and e.shape.Sq * e.shape.Sk <= 500 * 500]
+    assert {s.name for s in shapes} >= {"s77", "s77_causal", "sq300_sk77", "s500_b3_causal"}
+    margins = []
+    for seed in range(3):
+        for s in shapes:
+            inputs = task.make_inputs(s, seed)
+            assert inputs["q"].dtype == FP8 and torch.equal(inputs["qk_scale"], inputs["q_scale"] * inputs["k_scale"])
+            for lazy in (8.0, None):
+                ok, reason, m = task.extra_check(s, inputs, _fp8_kernel_model(inputs, lazy=lazy),
+                                                 task.reference(inputs))
+                assert ok, (s.name, seed, lazy, reason)
+                margins.append(m["fp8_p_bound_margin"])
+    assert min(margins) > 0
+    s77 = next(x for x in shapes if x.name == "s77_causal")
+    inputs = task.make_inputs(s77, 0)
+    ref = task.reference(inputs)
+    lost = {**inputs, "k": inputs["k"].clone(), "v": inputs["v"].clone()}
+    lost["k"][:, :, 64:] = torch.zeros((), dtype=FP8)  # keys 64.. read as zeros (a missing load)
+    lost["v"][:, :, 64:] = torch.zeros((), dtype=FP8)
+    bumped = _fp8_kernel_model(inputs)
+    bumped[0, 1, 40, 7] += 0.1
+    for name, out in (("key order", _fp8_kernel_model(inputs, swap_keys=True)), ("lost keys", _fp8_kernel_model(lost)),
+                      ("bumped", bumped)):
+        ok, reason, _ = task.extra_check(s77, inputs, out, ref)
+        assert not ok, name

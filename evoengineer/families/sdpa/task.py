@@ -19,10 +19,15 @@ against fp16 SDPA on the original K/V (the quantization error plus the kernel's)
 0.051, p99 0.070 over 200 seeds (above 0.06 on 4.5% of them; RMSE a steady 0.0028): a 0.06 bound over 5 fresh seeds
 turns away about one right kernel in five. Short or causal rows (one V row carries the output) go above 0.1.
 
-FP8 attention also rounds P to e4m3 (3 mantissa bits) before P V: against the float64 reference on the dequantized
-inputs its error is that rounding's, up to ~0.08 max abs on short causal rows and RMSE <= 0.006 (a CPU model of the
-kernel's arithmetic over the correctness shapes): its tolerance is atol 0.06 + rtol 0.05 (FP8_ATTENTION_TOLERANCE)
-with an RMSE bound of 0.015 (FP8_ATTENTION_MAX_RMSE), where a wrong key order or a lost tile is off by far more.
+FP8 attention also rounds P to e4m3 (3 mantissa bits) before P V. Against the float64 reference on the dequantized
+inputs that rounding alone moves an output by up to ~0.08 on short causal rows (a CPU model of the kernel's
+arithmetic; a fixed atol of 0.06 turned away 2 right kernels in 115 of a search), so the check is the bound the
+rounding cannot exceed, row by row (`fp8_p_rounding_bound`): an e4m3 P is off by at most 2^-4 of itself, or 2^-10
+below e4m3's normal range, so |out - ref| <= sum_j max(p_j / 16, 2^-10) |v_j| / sum_j p_j (p relative to the row's
+final maximum: the kernel's running maximum is never above it), plus 2^-9 |ref| + 2e-3 for the output's rounding and
+the fp32 / tensor-core sums; and an RMSE bound of 0.015 (FP8_ATTENTION_MAX_RMSE; the model gives <= 0.006). A
+wrong key order or a lost tile breaks both. The elementwise tolerance (FP8_ATTENTION_TOLERANCE) is only the loose
+first screen every output passes through (NaN, garbage).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 Q_DTYPES = {**OUT_DTYPES, "float8_e4m3": torch.float8_e4m3fn}
 KV_DTYPES = Q_DTYPES
 #: FP8 attention (e4m3 Q, K, V and P) against float64 attention on the dequantized inputs: (atol, rtol), max RMSE
-FP8_ATTENTION_TOLERANCE = (0.06, 0.05)
+FP8_ATTENTION_TOLERANCE = (0.25, 0.0625)
 FP8_ATTENTION_MAX_RMSE = 0.015
 
 #: Score elements computed at once by the reference (256 MB in float64): (b, h) pairs are taken in chunks.
@@ -159,6 +164,31 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         if mask is not None:
             s = s.masked_fill(mask, -math.inf)
         out[i:i + step] = torch.matmul(torch.softmax(s, dim=-1), vf[i:i + step].to(dtype))
+    return out.view(B, H, Sq, D)
+
+
+def fp8_p_rounding_bound(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Per output element, float64: how far rounding P to e4m3 can move FP8 attention's output from the exact one
+    on the dequantized inputs, sum_j max(p_j / 16, 2^-10) |v_j| / sum_j p_j (the module docstring derives it)."""
+    q, k, v = (dequantized(inputs, n, torch.float64) for n in ("q", "k", "v"))
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = 1.0 / math.sqrt(D)
+    qf, kf, vf = (t.reshape(B * H, -1, D) for t in (q, k, v))
+    mask = None
+    if bool(inputs["causal"]):
+        mask = torch.arange(Sk, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None]
+    out = torch.empty(B * H, Sq, D, dtype=torch.float64, device=q.device)
+    step = max(1, SCORE_CHUNK // max(1, Sq * Sk))
+    for i in range(0, B * H, step):
+        s = torch.matmul(qf[i:i + step], kf[i:i + step].transpose(1, 2)) * scale
+        if mask is not None:
+            s = s.masked_fill(mask, -math.inf)
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        w = torch.clamp(p / 16, min=2.0 ** -10)
+        if mask is not None:
+            w = w.masked_fill(mask, 0.0)
+        out[i:i + step] = torch.matmul(w, vf[i:i + step].abs()) / p.sum(dim=-1, keepdim=True)
     return out.view(B, H, Sq, D)
 
 
@@ -314,9 +344,19 @@ class AttentionTask(Family):
         fp16 attention on the unquantized K/V (`fp16_attention`), failing above the bound (`fp8_against_fp16`)."""
         got = out.to(torch.float64)
         metrics = {"rmse": float((got - ref.to(got.device)).pow(2).mean().sqrt())}
-        if self.fp8_attention and not metrics["rmse"] <= FP8_ATTENTION_MAX_RMSE:
-            return False, (f"FP8 attention: RMSE {metrics['rmse']:.3e} against the float64 reference on the "
-                           f"dequantized inputs > {FP8_ATTENTION_MAX_RMSE:g}"), metrics
+        if self.fp8_attention:
+            if not metrics["rmse"] <= FP8_ATTENTION_MAX_RMSE:
+                return False, (f"FP8 attention: RMSE {metrics['rmse']:.3e} against the float64 reference on the "
+                               f"dequantized inputs > {FP8_ATTENTION_MAX_RMSE:g}"), metrics
+            r = ref.to(got.device)
+            allowed = fp8_p_rounding_bound(inputs).to(got.device) + 2.0 ** -9 * r.abs() + 2e-3
+            excess = (got - r).abs() - allowed
+            worst = float(excess.max())
+            metrics["fp8_p_bound_margin"] = -worst
+            if not worst <= 0:
+                at = tuple(int(i) for i in torch.nonzero(excess == excess.max())[0].tolist())
+                return False, (f"FP8 attention: error {float((got - r).abs()[at]):.3e} at {at} (b, h, row, col) "
+                               f"exceeds what rounding P to e4m3 allows there ({float(allowed[at]):.3e})"), metrics
         if not self.fp8 or shape.fp16_max_abs_err is None:
             return True, "", metrics
         fp16 = self.fp16_attention(inputs).to(device=got.device, dtype=torch.float64)
