@@ -282,3 +282,30 @@ def test_surrogate_explores_more_the_longer_it_stalls(toy_dir: Path, monkeypatch
     assert len(SurrogateSearch(runner, SurrogateParams(model="extra")).propose(3, 8)) == 8
     with pytest.raises(ValueError, match="surrogate model 'gp'"):
         SurrogateSearch(runner, SurrogateParams(model="gp")).propose(3, 8)
+
+
+def test_surrogate_trusts_its_correctness_classifier_only_where_failures_follow_genes(toy_dir: Path):
+    """Failures that follow a gene: the classifier (out-of-bag skill above the base rate) marks that gene's value
+    unlikely; failures at random (no gene predicts them): it is set aside, every configuration counts as likely
+    correct, so good configurations are not dropped on noise. trust=-1 keeps the classifier whatever its skill."""
+    import random as _random
+    from types import SimpleNamespace
+
+    from evoengineer.search.surrogate import SurrogateParams, SurrogateSearch
+
+    space = load_space(toy_dir / "toy_space.toml")
+    runner = SimpleNamespace(space=space, records={}, settings=SimpleNamespace(seed=0, population=8))
+    strat = SurrogateSearch(runner)  # type: ignore[arg-type]
+    valid = strat.valid()
+    rng = _random.Random(3)
+    rows = [tuple(int(v) for v in valid[i]) for i in rng.sample(range(len(valid)), min(len(valid), 60))]
+    x = strat.encode(valid)
+    gene = next(i for i, p in enumerate(space.parameters) if len(set(valid[:, i].tolist())) > 1)
+    bad = valid[:, gene] == valid[0, gene]
+    by_gene = [(g, g[gene] != valid[0, gene], 1.0) for g in rows]
+    p = strat._p_correct(by_gene, x, seed=1)
+    assert p[bad].mean() < 0.5 < p[~bad].mean() and (p < 1.0).any()
+    at_random = [(g, rng.random() > 0.3, 1.0) for g in rows]
+    assert (strat._p_correct(at_random, x, seed=1) == 1.0).all()
+    always = SurrogateSearch(runner, SurrogateParams(trust=-1))  # type: ignore[arg-type]
+    assert (always._p_correct(at_random, x, seed=1) < 1.0).any()

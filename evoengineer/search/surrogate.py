@@ -54,6 +54,11 @@ class SurrogateParams:
     model: str = "forest"  # the time model: "forest" (random forest, SMAC's) or "extra" (extremely randomized trees)
     leaf: int = 1  # fewest samples in a leaf of the time model
     features: float = 1.0  # share of the features each split considers
+    batch: int = 0  # proposals per generation after the first (population-sized) batch; 0: the population
+    trust: float = 0.0  # the classifier filters only once its out-of-bag Brier skill exceeds this (-1: always)
+    min_class: int = 0  # ... and once it has seen this many of each class (correct, failed)
+    clip: float = 1.0  # the time model's target: log time, capped at this quantile of the times seen (1: none)
+    greedy: int = 0  # with smaller batches, 1: slot 0 takes the forest's mean once per population (0: every batch)
 
 
 def _sklearn(model: str = "forest"):
@@ -158,6 +163,8 @@ class SurrogateSearch:
         seed = rng.randrange(2**31)
         x_ok = self.encode(np.asarray([g for g, _ in ok], dtype=np.int32))
         y = np.log(np.asarray([t for _, t in ok], dtype=np.float64))
+        if P.clip < 1.0:  # the slow configurations all alike: the splits go to the differences among the fast ones
+            y = np.minimum(y, np.quantile(y, P.clip))
         forest = Regressor(n_estimators=P.trees, min_samples_leaf=P.leaf, max_features=P.features, random_state=seed,
                            n_jobs=1)
         forest.fit(x_ok, y)
@@ -169,14 +176,25 @@ class SurrogateSearch:
             likely = p_ok >= p_ok.max()
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
-        explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
-        stalled = self._stalled_for(generation) if n > 1 else 0
-        if P.stall > 0 and stalled >= P.stall:
-            explore = max(explore, n // 2)  # the model's region looks spent: look elsewhere harder
-        if P.give_up > 0 and stalled >= P.give_up:
-            explore = n - 1  # long spent: the model keeps one guess, the rest of the batch searches the space
+        stalled = self._stalled_for(generation) if n > 1 or P.batch else 0
+        if P.batch <= 0:  # population-sized batches
+            explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
+            if P.stall > 0 and stalled >= P.stall:
+                explore = max(explore, n // 2)  # the model's region looks spent: look elsewhere harder
+            if P.give_up > 0 and stalled >= P.give_up:
+                explore = n - 1  # long spent: the model keeps one guess, the rest of the batch searches the space
+        else:  # smaller batches: the same shares, spread over generations (the share of all proposals that explore)
+            pop = max(1, self.runner.settings.population)
+            share = 1 / P.explore if P.explore > 0 else 0.0
+            if P.stall > 0 and stalled >= P.stall:
+                share = max(share, 0.5)
+            if P.give_up > 0 and stalled >= P.give_up:
+                share = max(share, 1 - 1 / pop)
+            explore = min(n, math.floor((generation + 1) * n * share + 1e-9) - math.floor(generation * n * share + 1e-9))
+        pop = max(1, self.runner.settings.population)
+        mean_now = not (P.batch > 0 and P.greedy) or (generation * n) % pop < n
         for slot in range(n - explore):
-            if slot == 0:
+            if slot == 0 and mean_now:
                 score = per_tree.mean(axis=0)
             else:
                 trees = rng.sample(range(P.trees), min(P.draw_trees, P.trees))
@@ -192,12 +210,16 @@ class SurrogateSearch:
         return picks
 
     def _stalled_for(self, generation: int) -> int:
-        """Generations (before `generation`) since the best time so far was first reached."""
+        """Evaluations (before `generation`) since the best time so far was first reached, in population-sized
+        generations (with batches of the population: the generations since)."""
         best, when = math.inf, 0
         for r in self.runner.records.values():
             if r.generation < generation and r.status == "ok" and (r.time_us, r.generation) < (best, when):
                 best, when = r.time_us, r.generation
-        return generation - 1 - when if math.isfinite(best) else 0
+        if not math.isfinite(best):
+            return 0
+        since = sum(1 for r in self.runner.records.values() if when < r.generation < generation)
+        return since // max(1, self.runner.settings.population)
 
     def _far_unseen(self, rng: random.Random, seen: set[tuple[int, ...]], picked: list[tuple[int, ...]],
                     n: int) -> list[tuple[int, ...]]:
@@ -225,13 +247,33 @@ class SurrogateSearch:
                    seed: int) -> np.ndarray:
         """The classifier's chance that each pool configuration is correct (1 where every evaluation so far was, or
         none was)."""
+        P = self.params
         labels = np.asarray([good for _, good, _ in rows], dtype=bool)
         if labels.all() or not labels.any():
             return np.full(len(x_pool), 1.0 if labels.all() else 0.5)
+        if min(labels.sum(), (~labels).sum()) < P.min_class:
+            return np.ones(len(x_pool))  # too few of one class to tell where failures are
         _, Classifier = _sklearn()
-        clf = Classifier(n_estimators=self.params.trees, min_samples_leaf=1, random_state=seed, n_jobs=1)
-        clf.fit(self.encode(np.asarray([g for g, _, _ in rows], dtype=np.int32)), labels)
-        return clf.predict_proba(x_pool)[:, list(clf.classes_).index(True)]
+        check = P.trust > -1
+        clf = Classifier(n_estimators=P.trees, min_samples_leaf=1, random_state=seed, n_jobs=1,
+                         **({"bootstrap": True, "oob_score": True} if check else {}))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # few samples: some never out of bag
+            clf.fit(self.encode(np.asarray([g for g, _, _ in rows], dtype=np.int32)), labels)
+        col = list(clf.classes_).index(True)
+        if check:
+            # out-of-bag Brier score against always predicting the base rate: failures that follow no gene (random
+            # ones) give no skill, and the classifier would only set good configurations aside
+            oob = clf.oob_decision_function_[:, col]
+            have = np.isfinite(oob)
+            y = labels[have].astype(np.float64)
+            base = ((y - y.mean()) ** 2).mean() if have.any() else 0.0
+            skill = 1.0 - ((oob[have] - y) ** 2).mean() / base if base > 0 else 0.0
+            if skill <= P.trust:
+                return np.ones(len(x_pool))
+        return clf.predict_proba(x_pool)[:, col]
 
     def _pool(self, rng: random.Random, seen: set[tuple[int, ...]],
               incumbents: list[tuple[int, ...]]) -> np.ndarray:
@@ -295,7 +337,6 @@ class SurrogateSearch:
     # ---- the loop --------------------------------------------------------------------------------------------
     def run(self, state: dict[str, Any] | None = None) -> str:
         r, s = self.runner, self.runner.settings
-        batch = max(1, s.population)
         gen = int(state["generation"]) + 1 if state else 0
         reason = "space exhausted"
         while True:
@@ -304,6 +345,7 @@ class SurrogateSearch:
             if stop:
                 reason = stop
                 break
+            batch = max(1, s.population) if gen == 0 or self.params.batch <= 0 else self.params.batch
             take = self.propose(gen, min(batch, s.max_evaluations - before))
             if not take:
                 break

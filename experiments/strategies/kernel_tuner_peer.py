@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--landscapes", default=",".join(LANDSCAPES))
     ap.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
     ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1 (e.g. the tuning seeds)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-stop", action="store_true", help="every run to max_fevals (no stop once within 1%%)")
     ap.add_argument("--work", default="/tmp/kernel-tuner-peer", help="where the cache files go")
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         size[land] = p.n_valid
         print(f"{land}: {p.n_valid} valid configurations = Kernel Tuner's space; cache {p.cache_file}", flush=True)
     jobs = [{"landscape": land, "strategy": s, "seed": seed, "work": str(work), "stop": not a.no_stop}
-            for land in lands for s in strategies for seed in range(a.seeds)]
+            for land in lands for s in strategies for seed in range(a.first_seed, a.first_seed + a.seeds)]
     # the slowest first, so that the pool ends together
     slow = ("hybrid_vndx", "bayes_opt")  # its k-NN surrogate over up to 5000 requests: up to 100 s a run
     jobs.sort(key=lambda j: (not j["strategy"].startswith(slow), j["strategy"] != "hybrid_vndx", -size[j["landscape"]]))
