@@ -13,7 +13,9 @@ earlier model.
 Each generation (after a random first batch of `population`):
 - The time model is fit on log(p50) of the correct candidates evaluated in earlier generations; failures (gate_failed,
   compile_error, wrong, timeout, ...) are never given a time: a separate classifier predicts the chance that a
-  configuration is correct, trained on every evaluation.
+  configuration is correct, trained on every evaluation. It filters proposals only while its out-of-bag Brier score
+  beats always predicting the share of correct results (`trust`): failures that follow genes (real ones) pass that
+  test, failures no gene predicts (noise) do not, and then no configuration is set aside on them.
 - The pool: every valid configuration not yet evaluated (a seeded sample of them when there are more than
   `pool`), plus every single-gene neighbour of the best few found so far.
 - Slot 0 takes the pool's best by the whole forest's mean; each further slot a Thompson-style draw (the mean of a
@@ -21,6 +23,9 @@ Each generation (after a random first batch of `population`):
   `explore` explores: the farthest from every evaluation of a few random unseen configurations (half the batch
   once the best time has not improved for `stall` generations), so a landscape the model reads wrong (an optimum
   hidden away from where the model looks) does not stall it.
+
+Batches are the population (`batch` sizes later ones otherwise: smaller batches refit more often, at proportionally
+more proposal cost; not the default, see experiments/strategies/README.md).
 
 Everything is seeded by (seed, generation) and the model is trained on the generations before the one it proposes,
 so a resumed run proposes exactly what the uninterrupted one did; the checkpoint holds only the generation.

@@ -28,7 +28,7 @@ def main() -> int:
     rng = random.Random(0)
     valid = space.valid_genomes()
     records: dict[str, CandidateRecord] = {}
-    runner = SimpleNamespace(space=space, records=records, settings=SimpleNamespace(seed=0))
+    runner = SimpleNamespace(space=space, records=records, settings=SimpleNamespace(seed=0, population=12))
     strat = SurrogateSearch(runner)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     strat.valid()
