@@ -26,7 +26,7 @@ BOOLS = ("PINGPONG", "INTRA_WG_OVERLAP", "PERSISTENT", "Q_PREFETCH", "FAST_EXP")
 
 def _picks(space, n: int = 4, seed: int = 1) -> list:
     """First and last valid genomes, n random ones, one with each boolean gene on, one per consumer-warpgroup count,
-    per BLOCK_N and per cluster size, and a persistent 2-CTA cluster."""
+    per BLOCK_N, per cluster size, per RESCALE and POLY_EXP2 value, and a persistent 2-CTA cluster."""
     valid = space.valid_genomes()
     rnd = random.Random(seed)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(n, len(valid)))}
@@ -34,7 +34,7 @@ def _picks(space, n: int = 4, seed: int = 1) -> list:
     for gene in BOOLS:
         picks.add(rnd.choice([g for g in valid if params[g][gene]]))
     picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2]))
-    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE"):
+    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2"):
         for value in sorted({p[gene] for p in params.values()}):
             picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
     return sorted(picks)
@@ -64,12 +64,12 @@ PERSISTENT_GENOMES = {
     # ping-pong, Q prefetch, one CTA per SM
     "pingpong": {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
                  "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
-                 "CLUSTER_SIZE": 1},
+                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25},
     # 2-CTA clusters with K/V multicast: 192-row q-blocks give an odd block count at Sq = 500 (a cluster with a CTA
     # past the end) and causal pairs whose lighter CTA frees tiles it does not compute on
     "cluster": {"BLOCK_M": 192, "BLOCK_N": 96, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 3, "PRODUCER_REGS": 24,
                 "PINGPONG": False, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": False,
-                "CLUSTER_SIZE": 2},
+                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50},
 }
 
 
@@ -106,7 +106,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     space = load_space(tmp_path / "hang.toml")
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1}
+              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0}
     factory = CandidateFactory(space)
     hang, fine = factory.make(params), factory.make({**params, "PERSISTENT": False})
     assert "PLANTED FOR TESTS" in hang.source and "PLANTED FOR TESTS" not in fine.source
@@ -118,7 +118,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
 
 FP8_GENOME = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 40,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1}
+              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25}
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
@@ -159,26 +159,25 @@ def test_fp8_attention_against_fp16_sdpa_and_its_op(out_dtype: str, tmp_path: Pa
     assert float((out.double() - fp16).abs().max()) <= 0.06
 
     # the exported op, from a real one-genome search's elite.json
+    import json
     import re
 
     from evoengineer.cli import main
 
     # two genomes (FAST_EXP on and off): the smallest space a search runs on
-    fixed = "\n".join(f"{k} = [{str(v).lower()}]" for k, v in FP8_GENOME.items() if k != "FAST_EXP")
+    fixed = "\n".join(f"{k} = [{json.dumps(v)}]" for k, v in FP8_GENOME.items() if k != "FAST_EXP")
     text = re.sub(r"\[parameters\]\n(.*?)\n\n", f"[parameters]\n{fixed}\nFAST_EXP = [true, false]\n\n", text,
                   count=1, flags=re.S)
     (tmp_path / "one.toml").write_text(text.replace("repeats = 100", "repeats = 5"))
-    assert main(["search", "--space", str(tmp_path / "one.toml"), "--budget", "2", "--population", "2", "--db",
-                 f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "elite.json"), "--cache-dir",
-                 str(build_cache), "--quiet"]) == 0
-    sdpa = evoengineer.load(tmp_path / "elite.json").scaled_dot_product_attention
+    assert main(["search", "--space", str(tmp_path / "one.toml"), "--budget", "2", "--population", "2", "--elite",
+                 "1", "--db", f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "elite.json"),
+                 "--cache-dir", str(build_cache), "--quiet"]) == 0
+    sdpa = evoengineer.load(tmp_path / "elite.json")  # the op: scaled_dot_product_attention's signature
     x = task.make_inputs(SDPAShape("op", B=2, H=4, Sq=200, Sk=260, causal=True), 7)
     got = sdpa(x["q"], x["k"], x["v"], is_causal=True, q_scale=x["q_scale"], k_scale=x["k_scale"],
                v_scale=x["v_scale"])
     want = task.reference(x)
     assert got.dtype == getattr(torch, out_dtype) and ((got.double() - want).abs() <= atol + rtol * want.abs()).all()
-    import json
-
     best = json.loads((tmp_path / "elite.json").read_text())["elites"][0]["params"]
     _, best_module = build_candidate(space, best, build_cache)
     out = task.new_output(x)

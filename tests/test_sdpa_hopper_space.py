@@ -80,7 +80,9 @@ def test_space_constraints_match_the_template(space_file: Path):
         assert ("kFp8 = true" in src) == fp8 and ("transpose_v(p, pipe" in src)
         if fp8:  # e4m3 tensor maps, V transposed by the producer warpgroup, P packed as e4m3
             assert "kElemBytes = kFp8 ? 1 : 2;" in src and t["kTransposeWarps"] == 3
-            assert p["NUM_CONSUMER_WARPGROUPS"] == 1 or p["PRODUCER_REGS"] >= 40
+            assert p["NUM_CONSUMER_WARPGROUPS"] == 1 or p["PRODUCER_REGS"] >= 32
+            # 16-byte transpose units, 8-byte ones where setmaxnreg leaves the producer fewer than 40 registers
+            assert "kTransposeChunk = (kConsumerWGs > 1 && kProducerRegs < 40) ? 8 : 16;" in src
         assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src
         assert ("setmaxnreg_dec<Tr::kProducerRegs>" in src) and ("kSetMaxNReg = kConsumerWGs > 1" in src)
         assert "PLANTED FOR TESTS" not in src
@@ -145,6 +147,7 @@ def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
     assert all(p["BLOCK_N"] % 32 == 0 for p in valid) and {p["CLUSTER_SIZE"] for p in valid} == {1, 2}
     # the transposing warps spill at 24 registers: refused by the constraint, not by a wasted build
     assert not any(p["NUM_CONSUMER_WARPGROUPS"] > 1 and p["PRODUCER_REGS"] == 24 for p in valid)
+    assert {p["PRODUCER_REGS"] for p in valid if p["NUM_CONSUMER_WARPGROUPS"] > 1} == {32, 40, 56}
     base = next(p for p in valid if p["BLOCK_N"] == 128)
     ok = CandidateFactory(space).make(base).source
     assert "__nv_cvt_float2_to_fp8x2" in ok and "fence.proxy.async.shared::cta" in ok
