@@ -16,7 +16,8 @@ of default SDPA from Python (includes launch overhead).
 shape of GRID_SHAPES with its head dim, causal and not, next to cuDNN, flash (FA2) and memory-efficient, all in this
 process on the same inputs, kernel-only (CUDA graph replay as above, L2 warm); per kernel: us, TFLOPS, x cuDNN, and the
 max abs error against fp16 SDPA. An FP8 attention kernel (sdpa_hopper_fp8_*) runs on the same draws quantized per
-head (e4m3 Q/K/V), against cuDNN on the fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best kernel of each row is named with its ratio to cuDNN.
+head (e4m3 Q/K/V), against cuDNN on the fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best
+kernel of each row is named with its ratio to cuDNN.
 
 --revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
 events, L2 flushed before every call: evoengineer.evaluators.timing.time_callable), p50/p90/p99 next to the

@@ -12,12 +12,12 @@ Tensor layouts (all contiguous, one device):
 For every ``(b, h)``: ``out = softmax(q k^T * softmax_scale) v`` with ``softmax_scale = D ** -0.5``; with
 ``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned, as ``is_causal=True``).
 
-FP8 inputs keep the unquantized float16 tensors as ``q_orig`` / ``k_orig`` / ``v_orig``: the kernel is checked against the
-float64 reference on the dequantized K/V (the dtype tolerance), and on shapes with ``fp16_max_abs_err`` also
-against fp16 SDPA on the original K/V (the quantization error plus the kernel's). At the mission shape (2, 8, 512,
-64, non-causal) the exact answer on the dequantized K/V alone is off fp16 SDPA by a max abs error of p50 0.037, p90
-0.051, p99 0.070 over 200 seeds (above 0.06 on 4.5% of them; RMSE a steady 0.0028): a 0.06 bound over 5 fresh seeds
-turns away about one right kernel in five. Short or causal rows (one V row carries the output) go above 0.1.
+FP8 inputs keep the unquantized float16 tensors as ``q_orig`` / ``k_orig`` / ``v_orig``: the kernel is checked
+against the float64 reference on the dequantized K/V (the dtype tolerance), and on shapes with ``fp16_max_abs_err``
+also against fp16 SDPA on the original K/V (the quantization error plus the kernel's). At the mission shape (2, 8,
+512, 64, non-causal) the exact answer on the dequantized K/V alone is off fp16 SDPA by a max abs error of p50 0.037,
+p90 0.051, p99 0.070 over 200 seeds (above 0.06 on 4.5% of them; RMSE a steady 0.0028): a 0.06 bound over 5 fresh
+seeds turns away about one right kernel in five. Short or causal rows (one V row carries the output) go above 0.1.
 
 FP8 attention also rounds P to e4m3 (3 mantissa bits) before P V. Against the float64 reference on the dequantized
 inputs that rounding alone moves an output by up to ~0.08 on short causal rows (a CPU model of the kernel's
@@ -245,7 +245,8 @@ def flops(shape: SDPAShape, head_dim: int) -> int:
     return 4 * shape.B * shape.H * pairs * head_dim
 
 
-def min_bytes(shape: SDPAShape, head_dim: int, q_itemsize: int, kv_itemsize: int, out_itemsize: int | None = None) -> int:
+def min_bytes(shape: SDPAShape, head_dim: int, q_itemsize: int, kv_itemsize: int,
+              out_itemsize: int | None = None) -> int:
     """Compulsory DRAM traffic: q, k, v read once and the output written once (the scales are ignored)."""
     rows_q, rows_kv = shape.B * shape.H * shape.Sq, shape.B * shape.H * shape.Sk
     out_itemsize = q_itemsize if out_itemsize is None else out_itemsize
