@@ -33,6 +33,7 @@ first screen every output passes through (NaN, garbage).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -340,6 +341,17 @@ class AttentionTask(Family):
         """FP8 KV: the attention the kernel replaces, fp16 on the unquantized K/V."""
         raise NotImplementedError
 
+    def _p_rounding_bound(self, inputs) -> torch.Tensor:
+        """fp8_p_rounding_bound of these inputs, once per input set: the worker keeps a timed shape's inputs (and
+        their reference) from candidate to candidate, so the bound is kept with them, by their q tensor."""
+        cache = self.__dict__.get("_p_bounds")
+        if cache is None:
+            cache = self.__dict__["_p_bounds"] = weakref.WeakKeyDictionary()
+        bound = cache.get(inputs["q"])
+        if bound is None:
+            bound = cache[inputs["q"]] = fp8_p_rounding_bound(inputs)
+        return bound
+
     def extra_check(self, shape, inputs, out, ref):
         """RMSE against the reference; FP8 KV on shapes with ``fp16_max_abs_err``: max abs error and RMSE against
         fp16 attention on the unquantized K/V (`fp16_attention`), failing above the bound (`fp8_against_fp16`)."""
@@ -350,7 +362,7 @@ class AttentionTask(Family):
                 return False, (f"FP8 attention: RMSE {metrics['rmse']:.3e} against the float64 reference on the "
                                f"dequantized inputs > {FP8_ATTENTION_MAX_RMSE:g}"), metrics
             r = ref.to(got.device)
-            allowed = fp8_p_rounding_bound(inputs).to(got.device) + 2.0 ** -9 * r.abs() + 2e-3
+            allowed = self._p_rounding_bound(inputs).to(got.device) + 2.0 ** -9 * r.abs() + 2e-3
             excess = (got - r).abs() - allowed
             worst = float(excess.max())
             metrics["fp8_p_bound_margin"] = -worst
