@@ -344,12 +344,15 @@ class AttentionTask(Family):
     def _p_rounding_bound(self, inputs) -> torch.Tensor:
         """fp8_p_rounding_bound of these inputs, once per input set: the worker keeps a timed shape's inputs (and
         their reference) from candidate to candidate, so the bound is kept with them, by their q tensor."""
-        cache = self.__dict__.get("_p_bounds")
-        if cache is None:
-            cache = self.__dict__["_p_bounds"] = weakref.WeakKeyDictionary()
-        bound = cache.get(inputs["q"])
-        if bound is None:
-            bound = cache[inputs["q"]] = fp8_p_rounding_bound(inputs)
+        cache = self.__dict__.setdefault("_p_bounds", {})  # id(q) -> (weak reference to q, bound): by identity
+        q = inputs["q"]
+        kept = cache.get(id(q))
+        if kept is not None and kept[0]() is q:
+            return kept[1]
+        for key in [k for k, (ref, _) in cache.items() if ref() is None]:  # input sets gone since
+            del cache[key]
+        bound = fp8_p_rounding_bound(inputs)
+        cache[id(q)] = (weakref.ref(q), bound)
         return bound
 
     def extra_check(self, shape, inputs, out, ref):
