@@ -149,14 +149,17 @@ def make_inputs(shape: SDPAShape, seed: int, *, head_dim: int, q_dtype: torch.dt
     return out
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:
-    """Explicit softmax(q k^T / sqrt(D)) v in ``dtype``, in chunks of (b, h) pairs to bound the score memory."""
+def _chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype,
+                       combine) -> torch.Tensor:
+    """[B, H, Sq, D] in ``dtype``: ``combine(s, masked, v)`` over chunks of (b, h) pairs (to bound the score memory),
+    where ``s`` are the scores q k^T / sqrt(D) with masked keys at -inf, ``masked`` the causal mask (top-left aligned:
+    query i sees keys j <= i) or None, ``v`` the chunk's values."""
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     scale = 1.0 / math.sqrt(D)
     qf, kf, vf = (t.reshape(B * H, -1, D) for t in (q, k, v))
     mask = None
-    if causal:  # top-left aligned: query i sees keys j <= i
+    if causal:
         mask = torch.arange(Sk, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None]
     out = torch.empty(B * H, Sq, D, dtype=dtype, device=q.device)
     step = max(1, SCORE_CHUNK // max(1, Sq * Sk))
@@ -164,33 +167,27 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         s = torch.matmul(qf[i:i + step].to(dtype), kf[i:i + step].to(dtype).transpose(1, 2)) * scale
         if mask is not None:
             s = s.masked_fill(mask, -math.inf)
-        out[i:i + step] = torch.matmul(torch.softmax(s, dim=-1), vf[i:i + step].to(dtype))
+        out[i:i + step] = combine(s, mask, vf[i:i + step].to(dtype))
     return out.view(B, H, Sq, D)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Explicit softmax(q k^T / sqrt(D)) v in ``dtype``."""
+    return _chunked_attention(q, k, v, causal, dtype, lambda s, _, vc: torch.matmul(torch.softmax(s, dim=-1), vc))
 
 
 def fp8_p_rounding_bound(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Per output element, float64: how far rounding P to e4m3 can move FP8 attention's output from the exact one
     on the dequantized inputs, sum_j max(p_j / 16, 2^-10) |v_j| / sum_j p_j (the module docstring derives it)."""
-    q, k, v = (dequantized(inputs, n, torch.float64) for n in ("q", "k", "v"))
-    B, H, Sq, D = q.shape
-    Sk = k.shape[2]
-    scale = 1.0 / math.sqrt(D)
-    qf, kf, vf = (t.reshape(B * H, -1, D) for t in (q, k, v))
-    mask = None
-    if bool(inputs["causal"]):
-        mask = torch.arange(Sk, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None]
-    out = torch.empty(B * H, Sq, D, dtype=torch.float64, device=q.device)
-    step = max(1, SCORE_CHUNK // max(1, Sq * Sk))
-    for i in range(0, B * H, step):
-        s = torch.matmul(qf[i:i + step], kf[i:i + step].transpose(1, 2)) * scale
-        if mask is not None:
-            s = s.masked_fill(mask, -math.inf)
+    def bound(s, masked, vc):
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
         w = torch.clamp(p / 16, min=2.0 ** -10)
-        if mask is not None:
-            w = w.masked_fill(mask, 0.0)
-        out[i:i + step] = torch.matmul(w, vf[i:i + step].abs()) / p.sum(dim=-1, keepdim=True)
-    return out.view(B, H, Sq, D)
+        if masked is not None:
+            w = w.masked_fill(masked, 0.0)
+        return torch.matmul(w, vc.abs()) / p.sum(dim=-1, keepdim=True)
+
+    q, k, v = (dequantized(inputs, n, torch.float64) for n in ("q", "k", "v"))
+    return _chunked_attention(q, k, v, bool(inputs["causal"]), torch.float64, bound)
 
 
 def dequantized(inputs: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
