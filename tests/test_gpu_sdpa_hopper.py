@@ -34,7 +34,7 @@ def _picks(space, n: int = 4, seed: int = 1) -> list:
     for gene in BOOLS:
         picks.add(rnd.choice([g for g in valid if params[g][gene]]))
     picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2]))
-    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2"):
+    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2", "DESC_OFFSETS"):
         for value in sorted({p[gene] for p in params.values()}):
             picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
     return sorted(picks)
@@ -64,12 +64,12 @@ PERSISTENT_GENOMES = {
     # ping-pong, Q prefetch, one CTA per SM
     "pingpong": {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
                  "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
-                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25},
+                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True},
     # 2-CTA clusters with K/V multicast: 192-row q-blocks give an odd block count at Sq = 500 (a cluster with a CTA
     # past the end) and causal pairs whose lighter CTA frees tiles it does not compute on
     "cluster": {"BLOCK_M": 192, "BLOCK_N": 96, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 3, "PRODUCER_REGS": 24,
                 "PINGPONG": False, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": False,
-                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50},
+                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50, "DESC_OFFSETS": False},
 }
 
 
@@ -106,7 +106,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     space = load_space(tmp_path / "hang.toml")
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0}
+              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
     factory = CandidateFactory(space)
     hang, fine = factory.make(params), factory.make({**params, "PERSISTENT": False})
     assert "PLANTED FOR TESTS" in hang.source and "PLANTED FOR TESTS" not in fine.source
@@ -118,7 +118,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
 
 FP8_GENOME = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 40,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25}
+              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True}
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])

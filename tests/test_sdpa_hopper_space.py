@@ -19,11 +19,26 @@ SPACES = sorted(SPACES_DIR.glob("sdpa_hopper_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
-def test_the_eight_spaces_ship():
+def test_the_ten_spaces_ship():
     assert [p.stem for p in SPACES] == ["sdpa_hopper_bf16_d128", "sdpa_hopper_bf16_d64", "sdpa_hopper_fp16_d128",
-                                        "sdpa_hopper_fp16_d128_large", "sdpa_hopper_fp16_d64",
-                                        "sdpa_hopper_fp16_d64_large", "sdpa_hopper_fp8_d128",
+                                        "sdpa_hopper_fp16_d128_large", "sdpa_hopper_fp16_d128_mixed_large",
+                                        "sdpa_hopper_fp16_d64", "sdpa_hopper_fp16_d64_large",
+                                        "sdpa_hopper_fp16_d64_mixed_large", "sdpa_hopper_fp8_d128",
                                         "sdpa_hopper_fp8_d128_large"]
+
+
+def test_the_mixed_spaces_time_the_four_large_grid_rows_and_share_the_large_genes():
+    """A mixed space is its _large twin (genes, constraints, correctness shapes) timed on (16, 16, 1024) and
+    (4, 16, 4096), non-causal and causal."""
+    for d in (64, 128):
+        mixed = load_space(SPACES_DIR / f"sdpa_hopper_fp16_d{d}_mixed_large.toml")
+        large = load_space(SPACES_DIR / f"sdpa_hopper_fp16_d{d}_large.toml")
+        assert mixed.names == large.names and mixed.count_valid() == large.count_valid()
+        assert mixed.signature == large.signature
+        untimed = lambda s: [x for x in s.shapes if not x.get("time")]  # noqa: E731
+        assert untimed(mixed) == untimed(large)
+        timed = {(x["B"], x["H"], x["S"], bool(x.get("causal"))) for x in mixed.shapes if x.get("time")}
+        assert timed == {(16, 16, 1024, False), (16, 16, 1024, True), (4, 16, 4096, False), (4, 16, 4096, True)}
 
 
 def _traits(source: str) -> dict[str, int]:
@@ -42,7 +57,7 @@ def test_space_constraints_match_the_template(space_file: Path):
     elem, kstep = (1, 32) if fp8 else (2, 16)
     names = {s["name"] for s in space.shapes}
     timed = [s for s in space.shapes if s.get("time")]
-    assert len(timed) == 1
+    assert len(timed) == (4 if space.name.endswith("_mixed_large") else 1)
     assert {"s77", "s77_causal", "s500_b3", "s1000_causal", "sq300_sk77", "sq77_sk1000"} <= names
     valid = space.valid_genomes()
     assert len(valid) > 100

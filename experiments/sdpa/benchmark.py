@@ -2,7 +2,7 @@
 
     python experiments/sdpa/benchmark.py --elite elite.json [--elite-fp8 elite_fp8.json] [--repeats 50] [--json F]
     python experiments/sdpa/benchmark.py --elite elite.json --revalidate [--runs 500] [--json F]
-    python experiments/sdpa/benchmark.py --grid --kernel NAME=elite.json [--kernel NAME=elite.json ...] [--json F]
+    python experiments/sdpa/benchmark.py --grid --kernel NAME=elite.json[@SPACE] [--kernel ...] [--json F]
 
 Default mode, per shape (B, H, S, D = 64; fp16 non-causal and causal, plus FP8 KV at the mission shape when
 --elite-fp8 is given): the elite's output is first compared with torch SDPA (max abs err; FP8 KV: fp16 SDPA on the
@@ -15,8 +15,11 @@ of default SDPA from Python (includes launch overhead).
 --grid: the issue-13 table. Every --kernel (rank 1 of its elite.json; the head dim comes from its space) on every
 shape of GRID_SHAPES with its head dim, causal and not, next to cuDNN, flash (FA2) and memory-efficient, all in this
 process on the same inputs, kernel-only (CUDA graph replay as above, L2 warm); per kernel: us, TFLOPS, x cuDNN, and the
-max abs error against fp16 SDPA. An FP8 attention kernel (sdpa_hopper_fp8_*) runs on the same draws quantized per
-head (e4m3 Q/K/V), against cuDNN on the fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best
+max abs error against torch SDPA. An elite.json of a space timing several shapes adds each shape's winner
+(shape_elites) as NAME/SHAPE. A kernel given as NAME=elite.json@SPACE is the elite's genes rendered in SPACE (the
+bf16 twin of an fp16 space, say); bf16 kernels get rows of their own, bf16 inputs against the bf16 backends. An FP8
+attention kernel (sdpa_hopper_fp8_*) runs on the same draws quantized per head (e4m3 Q/K/V), against cuDNN on the
+fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best
 kernel of each row is named with its ratio to cuDNN.
 
 --revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
@@ -56,7 +59,7 @@ FP8_SHAPES = [(2, 8, 512, 64)]
 GRID_SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128),
                (16, 16, 1024, 128), (2, 8, 512, 128)]
 #: Hopper genes added after earlier elites were recorded, at the values that keep those kernels as they were
-LATER_GENES = {"RESCALE": "always", "POLY_EXP2": 0}
+LATER_GENES = {"RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -196,69 +199,48 @@ def revalidate(doc: dict, space, a) -> list[dict]:
 
 
 def grid(a) -> list[dict]:
-    """Every --kernel on every GRID_SHAPES row of its head dim, causal and not, next to the torch backends."""
-    kernels = []  # (name, head dim, task, module, params)
+    """Every --kernel on every GRID_SHAPES row of its head dim, causal and not, next to the torch backends. Rows come
+    per input dtype: fp16 (the fp16 kernels; FP8 kernels on the same draws quantized, against the fp16 backends) and
+    bf16 (the bf16 kernels, against the bf16 backends)."""
+    kernels = []  # (name, head dim, dtype of the row, task, module, params)
     for spec in a.kernel:
         name, _, path = spec.partition("=")
+        path, _, space_name = path.partition("@")
         if not path:
-            raise SystemExit(f"--kernel {spec!r}: expected NAME=elite.json")
+            raise SystemExit(f"--kernel {spec!r}: expected NAME=elite.json[@SPACE]")
         doc, space = load_doc(path)
+        if space_name:  # the elite's genes rendered in another space of the family (a bf16 twin, say)
+            space = load_space(SPACES_DIR / f"{space_name}.toml")
+        # rank 1, and for a space timing several shapes each shape's winner (shape_elites) as NAME/SHAPE
+        picks = [(name, doc["elites"][0]["params"])]
+        for e in doc.get("shape_elites") or []:
+            if all(e["params"] != p for _, p in picks):
+                picks.append((f"{name}/{e['shape']}", e["params"]))
         # genes the space gained after this elite was recorded: the values that render the kernel it measured
-        params = {**{g: v for g, v in LATER_GENES.items() if g in space.names}, **doc["elites"][0]["params"]}
-        task, (module,) = build(space, [params], Path(a.cache_dir))
-        kernels.append((name, space.signature["HEAD_DIM"], task, module, params))
-        print(f"kernel {name}: {doc['space']} rank 1 {json.dumps(doc['elites'][0]['params'], separators=(',', ':'))}")
+        genomes = [{**{g: v for g, v in LATER_GENES.items() if g in space.names}, **p} for _, p in picks]
+        task, modules = build(space, genomes, Path(a.cache_dir))
+        row_dtype = torch.float16 if task.fp8 else task.q_dtype
+        for (kname, params), module in zip(picks, modules):
+            kernels.append((kname, space.signature["HEAD_DIM"], row_dtype, task, module, params))
+            print(f"kernel {kname}: {space.name} (from {doc['space']}) {json.dumps(params, separators=(',', ':'))}")
     print(f"kernel-only: CUDA graph of {a.graph_calls} back-to-back calls, median of {a.repeats} replays / "
           f"{a.graph_calls}, L2 warm (same inputs every call); x = cuDNN time / kernel time")
     rows = []
-    for B, H, S, D in GRID_SHAPES:
-        mine = [k for k in kernels if k[1] == D]
-        if not mine:
-            continue
-        for causal in (False, True):
-            shape = SDPAShape(f"b{B}h{H}s{S}d{D}", B=B, H=H, Sq=S, Sk=S, causal=causal)
-            # 16-bit inputs for the torch backends (a 16-bit kernel's own); an FP8 kernel gets the same draws
-            # quantized (its task's make_inputs with the same seed: q_orig / k_orig / v_orig are these tensors)
-            task0 = next((k[2] for k in mine if not k[2].fp8), None)
-            if task0 is None:
-                task0 = mine[0][2]
-                drawn = task0.make_inputs(shape, seed=1234)
-                inputs = {"q": drawn["q_orig"], "k": drawn["k_orig"], "v": drawn["v_orig"], "causal": drawn["causal"]}
-            else:
-                inputs = task0.make_inputs(shape, seed=1234)
-            q, k, v = inputs["q"], inputs["k"], inputs["v"]
-            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal).double()
-            row = {"shape": [B, H, S, D], "causal": causal, "tflop": task0.flops(shape) / 1e12, "backends_us": {},
-                   "refused": {}, "kernels": {}}
-            for name, backend in BACKENDS.items():
-                try:
-                    with sdpa_kernel(backend):
-                        row["backends_us"][name] = graph_us(
-                            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), a.graph_calls, a.repeats)
-                except RuntimeError as exc:
-                    row["refused"][name] = first_line(exc)
-            for name, _, task, module, _ in mine:
-                kin = task.make_inputs(shape, seed=1234) if task.fp8 else inputs
-                out = task.new_output(kin)
-                task.launch(module, kin, out)
-                torch.cuda.synchronize()
-                us = graph_us(lambda: task.launch(module, kin, out), a.graph_calls, a.repeats)
-                row["kernels"][name] = {"us": us, "tflops": row["tflop"] / (us * 1e-6),
-                                        "max_abs_err": float((out.double() - want).abs().max())}
-                if "cudnn" in row["backends_us"]:
-                    row["kernels"][name]["x_cudnn"] = row["backends_us"]["cudnn"] / us
-                del out, kin
-            best = min(row["kernels"], key=lambda n: row["kernels"][n]["us"])
-            row["best"] = best
-            rows.append(row)
-            del inputs, q, k, v, want
-            torch.cuda.empty_cache()
+    dtypes = [d for d in (torch.float16, torch.bfloat16) if any(k[2] == d for k in kernels)]
+    for dtype in dtypes:
+        for B, H, S, D in GRID_SHAPES:
+            mine = [k for k in kernels if k[1] == D and k[2] == dtype]
+            if not mine:
+                continue
+            for causal in (False, True):
+                rows.append(grid_row(a, mine, (B, H, S, D), causal, dtype))
+                torch.cuda.empty_cache()
     names = [k[0] for k in kernels]
-    print(f"{'B,H,S,D':<16}{'causal':<7}" + "".join(f"{n + ' us':>12}" for n in BACKENDS)
+    print(f"{'dtype':<6}{'B,H,S,D':<16}{'causal':<7}" + "".join(f"{n + ' us':>12}" for n in BACKENDS)
           + "".join(f"{n + ' us':>16}{'TF':>6}{'x cuDNN':>8}" for n in names) + "  best")
     for r in rows:
         b = r["backends_us"]
-        line = f"{','.join(map(str, r['shape'])):<16}{str(r['causal']):<7}" + "".join(
+        line = f"{r['dtype']:<6}{','.join(map(str, r['shape'])):<16}{str(r['causal']):<7}" + "".join(
             f"{b[n]:>12.1f}" if n in b else f"{'-':>12}" for n in BACKENDS)
         for n in names:
             k = r["kernels"].get(n)
@@ -271,11 +253,52 @@ def grid(a) -> list[dict]:
     return rows
 
 
+def grid_row(a, mine: list, dims: tuple, causal: bool, dtype: torch.dtype) -> dict:
+    """One row of the grid: the torch backends and every kernel of `mine` on one set of inputs."""
+    B, H, S, D = dims
+    shape = SDPAShape(f"b{B}h{H}s{S}d{D}", B=B, H=H, Sq=S, Sk=S, causal=causal)
+    # 16-bit inputs for the torch backends (a 16-bit kernel's own); an FP8 kernel gets the same draws quantized (its
+    # task's make_inputs with the same seed: q_orig / k_orig / v_orig are these tensors)
+    task0 = next((k[3] for k in mine if not k[3].fp8), None)
+    if task0 is None:
+        drawn = mine[0][3].make_inputs(shape, seed=1234)
+        inputs = {"q": drawn["q_orig"], "k": drawn["k_orig"], "v": drawn["v_orig"], "causal": drawn["causal"]}
+        del drawn
+    else:
+        inputs = task0.make_inputs(shape, seed=1234)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal).double()
+    row = {"dtype": str(dtype).replace("torch.", "").replace("float16", "fp16").replace("bfloat16", "bf16"),
+           "shape": [B, H, S, D], "causal": causal, "tflop": mine[0][3].flops(shape) / 1e12, "backends_us": {},
+           "refused": {}, "kernels": {}}
+    for name, backend in BACKENDS.items():
+        try:
+            with sdpa_kernel(backend):
+                row["backends_us"][name] = graph_us(
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), a.graph_calls, a.repeats)
+        except RuntimeError as exc:
+            row["refused"][name] = first_line(exc)
+    for name, _, _, task, module, _ in mine:
+        kin = task.make_inputs(shape, seed=1234) if task.fp8 else inputs
+        out = task.new_output(kin)
+        task.launch(module, kin, out)
+        torch.cuda.synchronize()
+        us = graph_us(lambda: task.launch(module, kin, out), a.graph_calls, a.repeats)
+        row["kernels"][name] = {"us": us, "tflops": row["tflop"] / (us * 1e-6),
+                                "max_abs_err": float((out.double() - want).abs().max())}
+        if "cudnn" in row["backends_us"]:
+            row["kernels"][name]["x_cudnn"] = row["backends_us"]["cudnn"] / us
+        del out, kin
+    row["best"] = min(row["kernels"], key=lambda n: row["kernels"][n]["us"])
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elite", help="elite.json of sdpa_fp16_d64 (or another D = 64 fp16 space)")
     ap.add_argument("--grid", action="store_true", help="the issue-13 table over GRID_SHAPES (needs --kernel)")
-    ap.add_argument("--kernel", action="append", default=[], help="--grid: NAME=elite.json (repeatable)")
+    ap.add_argument("--kernel", action="append", default=[],
+                    help="--grid: NAME=elite.json or NAME=elite.json@SPACE (repeatable)")
     ap.add_argument("--elite-fp8", help="elite.json of sdpa_fp8kv_d64: adds FP8-KV rows")
     ap.add_argument("--repeats", type=int, default=50, help="graph replays per measurement (default 50)")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph (default 20)")

@@ -1,0 +1,126 @@
+"""A/B of template versions in one process on a GPU host: the same genomes rendered from the working tree's template
+and from other versions of it, checked, then timed in interleaved rounds next to cuDNN (kernel-only, CUDA graph
+replay, L2 warm), so clock and thermal drift fall on every variant alike.
+
+    python experiments/sdpa/template_ab.py --space sdpa_hopper_fp16_d64_large --genomes G.json \
+        --variant before=old_template.cu.j2 [--variant ...] [--shapes "4,16,4096;16,16,1024"] [--rounds 3] [--json F]
+
+A variant is a copy of the space (same genes, constraints, signature) whose template is the given file, in a
+scratch folder beside a copy of the working tree's templates/cuda/common includes. Times are medians over the rounds;
+ratios are variant / tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "sdpa"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from benchmark import LATER_GENES, build, graph_us  # noqa: E402
+from evoengineer import SPACES_DIR, TEMPLATES_DIR  # noqa: E402
+from evoengineer.space import load_space  # noqa: E402
+from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
+
+CHECKS = [dict(B=1, H=2, Sq=77, Sk=77, causal=False), dict(B=3, H=2, Sq=500, Sk=500, causal=True),
+          dict(B=2, H=3, Sq=300, Sk=77, causal=True), dict(B=1, H=1, Sq=77, Sk=1000, causal=False)]
+
+
+def variant_space(space_file: Path, template: Path, name: str, scratch: Path):
+    """The space with `template` in place of its own, in scratch/name/ (with the common includes beside it)."""
+    d = scratch / name
+    (d / "cuda").mkdir(parents=True)
+    shutil.copy(template, d / "cuda" / "sdpa_hopper.cu.j2")
+    shutil.copytree(TEMPLATES_DIR / "cuda" / "common", d / "cuda" / "common")
+    text = space_file.read_text()
+    base = load_space(space_file)
+    text = text.replace(f'name = "{base.name}"', f'name = "{base.name}__{name}"', 1)
+    (d / "space.toml").write_text(text)
+    return load_space(d / "space.toml")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--space", required=True)
+    ap.add_argument("--genomes", required=True, help="JSON list of parameter dicts")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=TEMPLATE_FILE (repeatable)")
+    ap.add_argument("--shapes", default="4,16,4096;16,16,1024", help="B,H,S;... (D from the space), causal and not")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    space_file = SPACES_DIR / f"{a.space}.toml"
+    genomes = json.loads(Path(a.genomes).read_text())
+    tree = load_space(space_file)
+    # genes the space gained after a genome file was written: the values that render the kernel it named
+    genomes = [{**{n: v for n, v in LATER_GENES.items() if n in tree.names}, **g} for g in genomes]
+    scratch = Path(tempfile.mkdtemp(prefix="template_ab_"))
+    spaces = {"tree": tree}
+    for spec in a.variant:
+        name, _, path = spec.partition("=")
+        spaces[name] = variant_space(space_file, Path(path), name, scratch)
+    mods, task = {}, None
+    for name, space in spaces.items():
+        task, mods[name] = build(space, genomes, Path(a.cache_dir))
+    atol, rtol = task.tolerance()
+    D = spaces["tree"].signature["HEAD_DIM"]
+    for i, c in enumerate(CHECKS):  # every variant of every genome on ragged / causal / Sq != Sk shapes
+        inputs = task.make_inputs(SDPAShape(f"c{i}", **c), 100 + i)
+        ref = task.reference(inputs)
+        for name in spaces:
+            for gi, mod in enumerate(mods[name]):
+                out = task.new_output(inputs)
+                out.fill_(float("nan"))
+                task.launch(mod, inputs, out)
+                torch.cuda.synchronize()
+                err = (out.double() - ref).abs()
+                if not bool((err <= atol + rtol * ref.abs()).all()):
+                    print(f"WRONG {name} genome {gi} on {c}: max err {float(err.nan_to_num(1e9).max()):.3g}", flush=True)
+    rows = []
+    for spec in a.shapes.split(";"):
+        B, H, S = map(int, spec.split(","))
+        for causal in (False, True):
+            inputs = task.make_inputs(SDPAShape("t", B=B, H=H, Sq=S, Sk=S, causal=causal), 7)
+            out = task.new_output(inputs)
+            q, k, v = (inputs.get(f"{n}_orig", inputs[n]) for n in ("q", "k", "v"))
+            t = {(name, gi): [] for name in spaces for gi in range(len(genomes))}
+            cu = []
+            for _ in range(a.rounds):
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    cu.append(graph_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 20, 30))
+                for gi in range(len(genomes)):
+                    for name in spaces:
+                        mod = mods[name][gi]
+                        t[(name, gi)].append(graph_us(lambda: task.launch(mod, inputs, out), 20, 30))
+            cud = statistics.median(cu)
+            for gi, g in enumerate(genomes):
+                base = statistics.median(t[("tree", gi)])
+                row = {"shape": [B, H, S, D], "causal": causal, "genome": gi, "params": g, "cudnn_us": cud,
+                       "us": {name: statistics.median(t[(name, gi)]) for name in spaces}}
+                rows.append(row)
+                print(f"{B},{H},{S},{D} {'causal' if causal else 'full  '} g{gi}: tree {base:8.1f} us (x cuDNN "
+                      f"{cud / base:4.2f})" + "".join(f"  {n} {row['us'][n]:8.1f} ({row['us'][n] / base:5.3f})"
+                                                      for n in spaces if n != "tree"), flush=True)
+            del inputs, out
+            torch.cuda.empty_cache()
+    for gi, g in enumerate(genomes):
+        print(f"g{gi}: {json.dumps(g, separators=(',', ':'))}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
