@@ -26,8 +26,7 @@ BOOLS = ("PINGPONG", "INTRA_WG_OVERLAP", "PERSISTENT", "Q_PREFETCH", "FAST_EXP")
 
 def _picks(space, n: int = 4, seed: int = 1) -> list:
     """First and last valid genomes, n random ones, one with each boolean gene on, one per consumer-warpgroup count,
-    per BLOCK_N, per cluster size, per RESCALE, POLY_EXP2, DESC_OFFSETS and CROSS_TILE value, and a persistent 2-CTA
-    cluster."""
+    per BLOCK_N, per cluster size, per RESCALE, POLY_EXP2 and DESC_OFFSETS value, and a persistent 2-CTA cluster."""
     valid = space.valid_genomes()
     rnd = random.Random(seed)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(n, len(valid)))}
@@ -35,8 +34,7 @@ def _picks(space, n: int = 4, seed: int = 1) -> list:
     for gene in BOOLS:
         picks.add(rnd.choice([g for g in valid if params[g][gene]]))
     picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2]))
-    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2", "DESC_OFFSETS",
-                 "CROSS_TILE"):
+    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2", "DESC_OFFSETS"):
         for value in sorted({p[gene] for p in params.values()}):
             picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
     return sorted(picks)
@@ -66,14 +64,12 @@ PERSISTENT_GENOMES = {
     # ping-pong, Q prefetch, one CTA per SM
     "pingpong": {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
                  "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
-                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True,
-                 "CROSS_TILE": True},
+                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True},
     # 2-CTA clusters with K/V multicast: 192-row q-blocks give an odd block count at Sq = 500 (a cluster with a CTA
     # past the end) and causal pairs whose lighter CTA frees tiles it does not compute on
     "cluster": {"BLOCK_M": 192, "BLOCK_N": 96, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 3, "PRODUCER_REGS": 24,
                 "PINGPONG": False, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": False,
-                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50, "DESC_OFFSETS": False,
-                "CROSS_TILE": True},
+                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50, "DESC_OFFSETS": False},
 }
 
 
@@ -94,8 +90,8 @@ def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path
     big = task.make_inputs(SDPAShape("big", B=4, H=16, Sq=1024, Sk=1024), 11)  # 512 tiles: several per CTA
     small = task.make_inputs(SDPAShape("small", B=3, H=2, Sq=500, Sk=300, causal=True), 12)
     assert_right_call_after_call(task, module, big, small)
-    # causal with several tiles per CTA, of 1 to 8 K/V tiles each (CROSS_TILE hands a tile's last P V to the next
-    # tile, or finishes it alone where a cluster loaded tiles past a CTA's last), ragged in rows and keys
+    # causal with several tiles per CTA, of 1 to 8 K/V tiles each (and, with clusters, CTAs freeing tiles loaded for
+    # their heavier neighbour), ragged in rows and keys
     big_causal = task.make_inputs(SDPAShape("big_causal", B=4, H=16, Sq=1000, Sk=1000, causal=True), 13)
     assert_right_call_after_call(task, module, big_causal, small)
 
@@ -114,8 +110,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     space = load_space(tmp_path / "hang.toml")
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False,
-              "CROSS_TILE": False}
+              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
     factory = CandidateFactory(space)
     hang, fine = factory.make(params), factory.make({**params, "PERSISTENT": False})
     assert "PLANTED FOR TESTS" in hang.source and "PLANTED FOR TESTS" not in fine.source
@@ -127,7 +122,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
 
 FP8_GENOME = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 40,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True, "CROSS_TILE": False}
+              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True}
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])

@@ -1,0 +1,54 @@
+"""One launch of a Hopper-family genome and one of cuDNN's SDPA on the same inputs, for ncu to profile side by side
+(nothing else named *sdpa* runs: ncu -k regex:sdpa picks exactly these two).
+
+    ncu -k regex:sdpa --section ... python experiments/sdpa/ncu_pair.py --space SPACE --genome '{...}' --shape B,H,S[,causal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "sdpa"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from benchmark import LATER_GENES, build  # noqa: E402
+from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer.space import load_space  # noqa: E402
+from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--space", required=True)
+    ap.add_argument("--genome", required=True, help="JSON parameter dict")
+    ap.add_argument("--shape", required=True, help="B,H,S or B,H,S,causal")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
+    a = ap.parse_args()
+    space = load_space(SPACES_DIR / f"{a.space}.toml")
+    genome = {**{n: v for n, v in LATER_GENES.items() if n in space.names}, **json.loads(a.genome)}
+    task, (module,) = build(space, [genome], Path(a.cache_dir))
+    parts = a.shape.split(",")
+    B, H, S = map(int, parts[:3])
+    causal = len(parts) > 3 and parts[3] == "causal"
+    inputs = task.make_inputs(SDPAShape("ncu", B=B, H=H, Sq=S, Sk=S, causal=causal), 5)
+    out = task.new_output(inputs)
+    q, k, v = (inputs.get(f"{n}_orig", inputs[n]) for n in ("q", "k", "v"))
+    torch.cuda.synchronize()
+    task.launch(module, inputs, out)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.cuda.synchronize()
+    print(f"max abs diff to cuDNN {float((out.float() - ref.float()).abs().max()):.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
