@@ -187,3 +187,17 @@ def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
     (tmp_path / "n48.toml").write_text(text.replace("BLOCK_N = [64,", "BLOCK_N = [48, 64,"))
     src = CandidateFactory(load_space(tmp_path / "n48.toml")).make({**base, "BLOCK_N": 48}).source
     assert any("multiple of 32" in e for e in errors(src))
+
+
+def test_desc_offsets_switches_only_the_descriptor_path():
+    """DESC_OFFSETS (wgmma descriptors as a base plus constants, or rebuilt per wgmma) changes one trait of the
+    rendered kernel and nothing else: off, a genome renders the kernel that earlier landscapes measured."""
+    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128_large.toml")
+    factory = CandidateFactory(space)
+    g = space.genome_to_params(random.Random(3).choice(space.valid_genomes()))
+    on = factory.make({**g, "DESC_OFFSETS": True}).source.splitlines()
+    off = factory.make({**g, "DESC_OFFSETS": False}).source.splitlines()
+    changed = [(a, b) for a, b in zip(on, off) if a != b]
+    assert len(on) == len(off) and len(changed) == 2, changed
+    assert any("kDescOffsets = true" in a and "kDescOffsets = false" in b for a, b in changed)
+    assert any("DESC_OFFSETS=True" in a and "DESC_OFFSETS=False" in b for a, b in changed)
