@@ -1,3 +1,5 @@
+# RECORD (issue 35, second round): ran at commits with the CROSS_TILE gene (since removed from the template and the
+# spaces); its genome files were experiments/sdpa/genomes/cross_tile_ab_*.json, now beside this script.
 # On the H100 host (issue 35, second round): the Hopper GPU tests at this template, then CROSS_TILE off / on for
 # persistent genomes around the mixed spaces' winners (hopper_probe: checks, then times next to cuDNN, one process per
 # head dim) at (16,16,1024) and (4,16,4096), causal and not.
