@@ -60,6 +60,12 @@ GRID_SHAPES = [(2, 8, 512, 64), (2, 8, 500, 64), (16, 16, 1024, 64), (4, 16, 409
                (16, 16, 1024, 128), (2, 8, 512, 128)]
 #: Hopper genes added after earlier elites were recorded, at the values that keep those kernels as they were
 LATER_GENES = {"RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
+
+
+def with_later_genes(space, params: dict) -> dict:
+    """`params` (an elite's or a genome file's) plus the genes `space` gained after they were written, at the values
+    that render the kernel they named."""
+    return {**{g: v for g, v in LATER_GENES.items() if g in space.names}, **params}
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -73,9 +79,12 @@ def load_doc(path: str) -> tuple[dict, object]:
 
 
 def build(space, params_list: list[dict], cache: Path) -> tuple[object, list]:
+    """The task and a loaded module per parameter set (recorded elites and genome files get the genes the space
+    gained since: `with_later_genes`); exits naming the first that fails to build."""
     task = get_task(space)
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), cache_dir=cache)
     factory = CandidateFactory(space)
+    params_list = [with_later_genes(space, p) for p in params_list]
     try:
         results = [f.result() for f in [b.submit(factory.make(p)) for p in params_list]]
     finally:
@@ -216,9 +225,7 @@ def grid(a) -> list[dict]:
         for e in doc.get("shape_elites") or []:
             if all(e["params"] != p for _, p in picks):
                 picks.append((f"{name}/{e['shape']}", e["params"]))
-        # genes the space gained after this elite was recorded: the values that render the kernel it measured
-        genomes = [{**{g: v for g, v in LATER_GENES.items() if g in space.names}, **p} for _, p in picks]
-        task, modules = build(space, genomes, Path(a.cache_dir))
+        task, modules = build(space, [p for _, p in picks], Path(a.cache_dir))
         row_dtype = torch.float16 if task.fp8 else task.q_dtype
         for (kname, params), module in zip(picks, modules):
             kernels.append((kname, space.signature["HEAD_DIM"], row_dtype, task, module, params))

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from benchmark import LATER_GENES, graph_us  # noqa: E402
+from benchmark import graph_us, with_later_genes  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.compiler.builder import Builder  # noqa: E402
@@ -50,6 +50,31 @@ CHECKS = [dict(B=1, H=2, Sq=77, Sk=77, causal=False), dict(B=3, H=2, Sq=500, Sk=
           dict(B=2, H=3, Sq=300, Sk=77, causal=True), dict(B=1, H=1, Sq=77, Sk=1000, causal=False)]
 
 
+def check_modules(task, modules: dict) -> dict:
+    """Every module of `modules` (label -> module) on the CHECKS shapes (ragged, causal, Sq != Sk) against the float64
+    reference, output NaN-poisoned first; inputs and reference drawn once per shape for all of them. Prints a WRONG
+    line per failing module and shape; returns label -> max abs error per shape."""
+    atol, rtol = task.tolerance()
+    errs = {label: [] for label in modules}
+    for i, c in enumerate(CHECKS):
+        inputs = task.make_inputs(SDPAShape(f"c{i}", **c), 100 + i)
+        ref = task.reference(inputs)
+        for label, mod in modules.items():
+            out = task.new_output(inputs)
+            out.fill_(float("nan"))
+            task.launch(mod, inputs, out)
+            torch.cuda.synchronize()
+            err = (out.double() - ref).abs()
+            bad = ~(err <= atol + rtol * ref.abs())
+            errs[label].append(float(err.nan_to_num(1e9).max()))
+            if bad.any():
+                idx = bad.nonzero()
+                print(f"   WRONG {label} on {c}: {int(bad.sum())} of {bad.numel()} bad, max err {errs[label][-1]:.3g}; "
+                      f"first bad (b,h,row,col) {idx[:4].tolist()}; rows bad {sorted(set(idx[:, 2].tolist()))[:12]}",
+                      flush=True)
+    return errs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--space", default="sdpa_hopper_fp16_d64")
@@ -64,8 +89,7 @@ def main() -> int:
     # FP8: producer warps 1-3 transpose V and need 40 registers or more (the space's constraint)
     base = {**BASE, "PRODUCER_REGS": 40} if space.signature["Q_DTYPE"] == "float8_e4m3" else BASE
     genomes = json.loads(Path(a.genomes).read_text()) if a.genomes else [{**base, **d} for d in SPREAD]
-    # genes the space gained after a genome file was written: the values that render the kernel it named
-    genomes = [{**{n: v for n, v in LATER_GENES.items() if n in space.names}, **g} for g in genomes]
+    genomes = [with_later_genes(space, g) for g in genomes]
     genomes = [g for g in genomes if not space.violated(g)]
     b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
                 cache_dir=Path(a.cache_dir))
@@ -74,31 +98,17 @@ def main() -> int:
         built = [fut.result() for fut in [b.submit(f.make(g)) for g in genomes]]
     finally:
         b.close()
-    atol, rtol = task.tolerance()
+    mods = {f"g{i}": load_module(r.so, r.module) for i, r in enumerate(built) if r.status == "ok"}
+    errs = check_modules(task, mods)  # (WRONG lines name a genome by its position in the list: g0, g1, ...)
     rows = []
-    for g, r in zip(genomes, built):
+    for i, (g, r) in enumerate(zip(genomes, built)):
         row = {"params": g, "status": r.status}
-        print(json.dumps(g, separators=(",", ":")), r.status, (r.reason or "")[:300], flush=True)
+        print(json.dumps(g, separators=(",", ":")), r.status, (r.reason or "")[:300], f"(g{i})", flush=True)
         if r.status != "ok":
             rows.append(row)
             continue
-        mod = load_module(r.so, r.module)
-        errs = []
-        for i, c in enumerate(CHECKS):
-            inputs = task.make_inputs(SDPAShape(f"c{i}", **c), 100 + i)
-            out = task.new_output(inputs)
-            out.fill_(float("nan"))
-            task.launch(mod, inputs, out)
-            torch.cuda.synchronize()
-            ref = task.reference(inputs)
-            err = (out.double() - ref).abs()
-            bad = ~(err <= atol + rtol * ref.abs())
-            errs.append(float(err.nan_to_num(1e9).max()))
-            if bad.any():
-                idx = bad.nonzero()
-                print(f"   WRONG {c}: {int(bad.sum())} of {bad.numel()} bad, max err {errs[-1]:.3g}; first bad "
-                      f"(b,h,row,col) {idx[:4].tolist()}; rows bad {sorted(set(idx[:, 2].tolist()))[:12]}", flush=True)
-        row["max_err"] = errs
+        mod = mods[f"g{i}"]
+        row["max_err"] = errs[f"g{i}"]
         row["times"] = {}
         for spec in a.shapes.split(";"):
             B, H, S = map(int, spec.split(","))

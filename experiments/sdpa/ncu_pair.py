@@ -19,7 +19,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from benchmark import LATER_GENES, build  # noqa: E402
+from benchmark import build  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
@@ -33,8 +33,7 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     a = ap.parse_args()
     space = load_space(SPACES_DIR / f"{a.space}.toml")
-    genome = {**{n: v for n, v in LATER_GENES.items() if n in space.names}, **json.loads(a.genome)}
-    task, (module,) = build(space, [genome], Path(a.cache_dir))
+    task, (module,) = build(space, [json.loads(a.genome)], Path(a.cache_dir))
     parts = a.shape.split(",")
     B, H, S = map(int, parts[:3])
     causal = len(parts) > 3 and parts[3] == "causal"
