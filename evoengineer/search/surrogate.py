@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -182,6 +183,7 @@ class SurrogateSearch:
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
         stalled = self._stalled_for(generation) if n > 1 or P.batch else 0
+        pop = max(1, self.runner.settings.population)
         if P.batch <= 0:  # population-sized batches
             explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
             if P.stall > 0 and stalled >= P.stall:
@@ -189,14 +191,12 @@ class SurrogateSearch:
             if P.give_up > 0 and stalled >= P.give_up:
                 explore = n - 1  # long spent: the model keeps one guess, the rest of the batch searches the space
         else:  # smaller batches: the same shares, spread over generations (the share of all proposals that explore)
-            pop = max(1, self.runner.settings.population)
             share = 1 / P.explore if P.explore > 0 else 0.0
             if P.stall > 0 and stalled >= P.stall:
                 share = max(share, 0.5)
             if P.give_up > 0 and stalled >= P.give_up:
                 share = max(share, 1 - 1 / pop)
             explore = min(n, math.floor((generation + 1) * n * share + 1e-9) - math.floor(generation * n * share + 1e-9))
-        pop = max(1, self.runner.settings.population)
         mean_now = not (P.batch > 0 and P.greedy) or (generation * n) % pop < n
         for slot in range(n - explore):
             if slot == 0 and mean_now:
@@ -262,8 +262,6 @@ class SurrogateSearch:
         check = P.trust > -1
         clf = Classifier(n_estimators=P.trees, min_samples_leaf=1, random_state=seed, n_jobs=1,
                          **({"bootstrap": True, "oob_score": True} if check else {}))
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # few samples: some never out of bag
             clf.fit(self.encode(np.asarray([g for g, _, _ in rows], dtype=np.int32)), labels)
