@@ -103,16 +103,14 @@ def test_correctness_shapes_cover_the_issue(space_file: Path):
 
 
 def test_paged_spaces_are_their_contiguous_spaces_with_pages():
-    """A paged space searches the genes of its contiguous twin (same parameters and constraints, plus the one that
-    keeps tensor-map loads out: a box is a run of one sequence's rows, a paged slice is not)."""
-    paged_only = ["LOAD_PATH != 'tma'"]
+    """A paged space searches the genes of its contiguous twin (same parameters and constraints: every load path,
+    tensor-map boxes included, reads pages)."""
     for paged in SPACES:
         if not paged.stem.endswith("_paged"):
             continue
         a, b = load_space(paged), load_space(SPACES_DIR / f"{paged.stem[:-len('_paged')]}.toml")
         assert [(x.name, x.values) for x in a.parameters] == [(x.name, x.values) for x in b.parameters]
-        assert [c.text for c in a.constraints if c.text not in paged_only] == [c.text for c in b.constraints]
-        assert [c.text for c in a.constraints if c.text in paged_only] == paged_only and a.gates == b.gates
+        assert [c.text for c in a.constraints] == [c.text for c in b.constraints] and a.gates == b.gates
         assert {k: v for k, v in a.signature.items() if k != "KV_LAYOUT"} == b.signature
 
 
@@ -142,17 +140,16 @@ def test_the_template_refuses_unknown_choices(tmp_path: Path):
     assert '#error "unknown LOAD_PATH / COMBINE"' in src
 
 
-def test_tma_loads_are_refused_where_a_box_is_not_a_slice(tmp_path: Path):
-    """LOAD_PATH = tma renders to an #error for paged caches (a box is a run of one sequence's rows) and for rows
-    narrower than the 128-byte swizzle (FP8 at head dim 64); the paged spaces' constraint keeps it out of them."""
+def test_tma_loads_of_pages_and_their_refusal_for_narrow_rows(tmp_path: Path):
+    """LOAD_PATH = tma renders for paged caches (a pool map: boxes of one page's rows, lane j issuing box j, its
+    pool row read from the block table) and to an #error for rows narrower than the 128-byte swizzle (FP8 at head
+    dim 64)."""
     paged = load_space(SPACES_DIR / "decode_fp16_d128_paged.toml")
     p = next(q for q in map(paged.genome_to_params, paged.valid_genomes()) if q["COPY_BYTES"] == 16)
-    assert paged.violated({**p, "LOAD_PATH": "tma"}) == ["LOAD_PATH != 'tma'"]
-    text = (SPACES_DIR / "decode_fp16_d128_paged.toml").read_text().replace('  "LOAD_PATH != \'tma\'",\n', "")
-    (tmp_path / "paged.toml").write_text(text)
-    loose = load_space(tmp_path / "paged.toml")
-    src = CandidateFactory(loose).make({**p, "LOAD_PATH": "tma"}).source
-    assert '#error "LOAD_PATH = tma reads contiguous caches' in src
+    assert not paged.violated({**p, "LOAD_PATH": "tma"})
+    src = CandidateFactory(paged).make({**p, "LOAD_PATH": "tma"}).source
+    assert "#error" not in src and "make_pool_map" in src and "cp.async.bulk.tensor.3d" in src
+    assert "static constexpr bool kPaged = true;" in src and "static constexpr bool kTma = true;" in src
     text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text().replace('values = ["cp_async", "bulk"]',
                                                                       'values = ["cp_async", "bulk", "tma"]')
     (tmp_path / "d64.toml").write_text(text)

@@ -126,7 +126,7 @@ def paged_twins(kernels: list[tuple[str, object, dict]]) -> list[tuple[str, obje
         if space.signature.get("KV_LAYOUT", "contiguous") == "contiguous" and twin.exists():
             paged = load_space(twin)
             broken = paged.violated(params)
-            if broken:  # e.g. LOAD_PATH = tma: a tensor-map box does not follow a block table
+            if broken:  # a gene value the paged space does not search
                 print(f"{label}: no paged twin ({space.name}_paged forbids it: {broken[0]})", file=sys.stderr)
                 continue
             out.append((f"{label}_paged", paged, params))
