@@ -117,6 +117,23 @@ def test_paged_shape_options():
     for bad in (0, 24, 1 << 17, "16"):
         with pytest.raises(ValueError, match="page_size"):
             DecodeShape.from_dict({"name": "p", "B": 2, "Hq": 4, "Hkv": 2, "Sk": 100, "page_size": bad})
+    assert s.shared_prefix
+    with pytest.raises(ValueError, match="shared_prefix"):
+        DecodeShape.from_dict({"name": "p", "B": 2, "Hq": 4, "Hkv": 2, "Sk": 100, "page_size": 32, "shared_prefix": 0})
+
+
+def test_paged_inputs_without_shared_prefixes():
+    """shared_prefix = false (what the benchmark times): every page of the table is one sequence's, so a paged call
+    reads the bytes a contiguous one does; the reference still equals attention on the gathered caches."""
+    shape = DecodeShape.from_dict({"name": "p", "B": 4, "Hq": 8, "Hkv": 2, "Sk": 256, "page_size": 16,
+                                   "shared_prefix": False})
+    assert not shape.shared_prefix and shared_prefix_pages(shape) == {}
+    x = make_inputs(shape, 5, head_dim=64)
+    named = x["block_table"].flatten().tolist()
+    assert len(named) == len(set(named)) == 4 * 16
+    flat = {**x, "k": gather_pages(x["k"], x["block_table"]), "v": gather_pages(x["v"], x["block_table"])}
+    del flat["block_table"]
+    assert torch.equal(reference(flat), reference(x))
 
 
 def test_paged_fp8_gate_reads_the_contiguous_unquantized_caches():

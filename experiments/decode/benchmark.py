@@ -6,7 +6,8 @@ and against the read bandwidth of the same GPU, all in one process.
     python experiments/decode/benchmark.py --kernel x='decode_fp8kv_d128:{"BLOCK_N": 128, ...}' --shapes decode
     python experiments/decode/benchmark.py --kernel fp8=elite_fp8.json --paged 16,64
 
-A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{params as JSON}'. Per shape
+A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{params as JSON}' (SPACE: a shipped
+space's name or a .toml path). Per shape
 (B, Hq, Hkv, Sq, Sk, D) of SHAPES (every sequence holds Sk keys) and per kernel of that head dim:
 
 * torch SDPA on the fp16 q, k, v, per backend (cuDNN, flash = FA2, memory-efficient, math) with GQA two ways:
@@ -21,8 +22,9 @@ A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{pa
 
 Paged KV (--paged SIZES): every kernel of a contiguous space whose paged twin ships (SPACE_paged.toml) is also built
 in that space with the same genes and timed at each page size (label LABEL@pN) on the same shapes, its caches in pages
-of random order (the task's paged inputs, prefix pages shared by pairs of sequences); a kernel of a paged space is
-timed at each page size. "vs contiguous" is the contiguous twin's time over the paged kernel's.
+of random order (the task's paged inputs without shared prefix pages: every sequence reads its own pages, so paged
+and contiguous kernels move the same bytes); a kernel of a paged space is timed at each page size. "vs contiguous"
+is the contiguous twin's time over the paged kernel's.
 
 Times are kernel-only: a CUDA graph of --graph-calls back-to-back calls replayed --repeats times under CUDA events,
 median per call. L2 is not flushed, but every shape's K/V (>= 134 MB) is larger than the 50 MB L2, so each call
@@ -67,7 +69,7 @@ def parse_kernel(text: str) -> tuple[str, object, dict]:
         space = load_space(shipped if shipped.exists() else doc["space_file"])
         return label, space, dict(doc["elites"][0]["params"])
     name, _, params = what.partition(":")
-    return label, load_space(SPACES_DIR / f"{name}.toml"), json.loads(params)
+    return label, load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml"), json.loads(params)
 
 
 def build_all(kernels: list[tuple[str, object, dict]], cache: Path) -> dict[str, tuple]:
@@ -142,7 +144,9 @@ def bench_shape(dims: tuple, built: dict, a) -> dict:
             mine += [(f"{label.removesuffix('_paged')}@p{ps}", (*v, ps)) for ps in a.page_sizes]
     fp16_inputs = None
     for label, (task, module, space, params, *page) in mine:
-        shape = DecodeShape("bench", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, page_size=page[0] if page else None)
+        # paged: no prefix pages shared between sequences, so that the paged kernel moves the contiguous one's bytes
+        shape = DecodeShape("bench", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, page_size=page[0] if page else None,
+                            shared_prefix=False)
         inputs = task.make_inputs(shape, a.seed)  # same seed: FP8 kernels get this cache quantized
         if fp16_inputs is None or not task.fp8:
             fp16_inputs = {k: inputs.get(f"{k}_orig", inputs[k]) for k in ("q", "k", "v")}

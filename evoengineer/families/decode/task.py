@@ -49,7 +49,7 @@ __all__ = ["DecodeShape", "make_inputs", "reference", "sdpa_baseline", "flops", 
 
 MAX_SQ = 16
 _REQUIRED = ("name", "B", "Hq", "Hkv", "Sk")
-_OPTIONAL = ("Sq", "seq_lens", "fp16_max_abs_err", "page_size")
+_OPTIONAL = ("Sq", "seq_lens", "fp16_max_abs_err", "page_size", "shared_prefix")
 KV_LAYOUTS = ("contiguous", "paged")
 #: the largest page a paged kernel takes (the binding's limit)
 MAX_PAGE_SIZE = 1 << 16
@@ -68,6 +68,9 @@ class DecodeShape:
     seq_lens: tuple[int, ...] | None = None
     fp16_max_abs_err: float | None = None
     page_size: int | None = None  # paged KV layout: keys per page (a power of two)
+    # paged inputs: pairs of sequences share their first pages (prefix caching); off, every page is read by one
+    # sequence, so a paged call moves the bytes a contiguous one does (what a timing of the layout alone wants)
+    shared_prefix: bool = True
 
     @property
     def group(self) -> int:
@@ -86,7 +89,8 @@ class DecodeShape:
     def from_dict(cls, d: Mapping[str, Any]) -> "DecodeShape":
         """From a TOML table: ``name, B, Hq, Hkv, Sk``; optional ``Sq`` (1..16, default 1), ``seq_lens`` (B values
         in 1..Sk, or fewer, repeated over the batch), ``fp16_max_abs_err`` and ``page_size`` (paged layout: a power
-        of two). ValueError on anything else."""
+        of two; ``shared_prefix``, default true: pairs of sequences share their first pages). ValueError on anything
+        else."""
         check_shape_keys(d, _REQUIRED, _OPTIONAL, "decode")
         name = d["name"]
         if not isinstance(name, str) or not name:
@@ -114,8 +118,11 @@ class DecodeShape:
             if page & (page - 1) or page > MAX_PAGE_SIZE:
                 raise ValueError(f"decode shape {name!r}: 'page_size' must be a power of two up to {MAX_PAGE_SIZE}, "
                                  f"got {page}")
+        shared = d.get("shared_prefix", True)
+        if not isinstance(shared, bool):
+            raise ValueError(f"decode shape {name!r}: 'shared_prefix' must be true or false, got {shared!r}")
         return cls(name=name, Sq=sq, seq_lens=lens, fp16_max_abs_err=None if tol is None else float(tol),
-                   page_size=page, **ints)
+                   page_size=page, shared_prefix=shared, **ints)
 
 
 def _positive_int(v: Any, what: str) -> int:
@@ -133,8 +140,10 @@ def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def shared_prefix_pages(shape: DecodeShape) -> dict[int, int]:
     """Paged inputs: how many leading pages sequence b (odd) shares with sequence b - 1, as prefix caching does
-    (half the full pages both hold, at least one where both hold one)."""
+    (half the full pages both hold, at least one where both hold one); none unless ``shape.shared_prefix``."""
     shared = {}
+    if not shape.shared_prefix:
+        return shared
     lens = shape.lengths
     for b in range(1, shape.B, 2):
         full = min(lens[b - 1], lens[b]) // shape.page_size
