@@ -80,7 +80,6 @@ def test_space_matches_the_template(space_file: Path):
         assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
         assert ("cp.async.bulk.shared::cluster" in src) and ("cp.async.cg.shared.global" in src)
         assert t["kPaged"] == str(sig.get("KV_LAYOUT") == "paged").lower()
-        assert t["kBalanced"] == str(p["SCHEDULE"] == "balanced").lower()
 
 
 @pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
@@ -139,20 +138,6 @@ def test_the_template_refuses_unknown_choices(tmp_path: Path):
     p = next(q for q in map(space.genome_to_params, space.valid_genomes()) if q["COPY_BYTES"] == 16)
     src = CandidateFactory(space).make({**p, "LOAD_PATH": "ldg"}).source
     assert '#error "unknown LOAD_PATH / COMBINE"' in src
-    text = (SPACES_DIR / "decode_fp16_d128.toml").read_text().replace('values = ["splits", "balanced"]',
-                                                                      'values = ["splits", "balanced", "stream"]')
-    (tmp_path / "t.toml").write_text(text)
-    space = load_space(tmp_path / "t.toml")
-    p = space.genome_to_params(space.valid_genomes()[0])
-    assert '#error "unknown SCHEDULE"' in CandidateFactory(space).make({**p, "SCHEDULE": "stream"}).source
-    # spaces without the gene (written before it) render the splits scheduler
-    text = (SPACES_DIR / "decode_fp16_d128.toml").read_text().replace(
-        'SCHEDULE = { values = ["splits", "balanced"], ordered = false }\n', "")
-    (tmp_path / "u.toml").write_text(text)
-    space = load_space(tmp_path / "u.toml")
-    assert "SCHEDULE" not in space.names
-    src = CandidateFactory(space).make(space.genome_to_params(space.valid_genomes()[0])).source
-    assert _traits(src)["kBalanced"] == "false"
 
 
 def test_tma_loads_of_pages_and_their_refusal_for_narrow_rows(tmp_path: Path):

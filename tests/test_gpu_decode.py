@@ -20,7 +20,7 @@ from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
 SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
-CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS", "SCHEDULE")
+CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS")
 
 
 def _picks(space, seed: int = 1) -> list:
@@ -85,9 +85,8 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
     (tmp_path / "bf16.toml").write_text(text)
     space = load_space(tmp_path / "bf16.toml")
     base = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 2,
-            "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1,
-            "SCHEDULE": "splits"}
-    genomes = [base, {**base, "LOAD_PATH": "cp_async", "M_TILES": 1, "COMBINE": "separate", "SCHEDULE": "balanced"}]
+            "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
+    genomes = [base, {**base, "LOAD_PATH": "cp_async", "M_TILES": 1, "COMBINE": "separate"}]
     if kv_dtype == "float8_e4m3":
         genomes = [{**g, "DEQUANT": d} for g in genomes for d in ("registers", "shared")]
     results = _evaluate(space, genomes, build_cache)
@@ -96,8 +95,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
 
 
 @pytest.mark.parametrize("combine", ["in_kernel", "separate"])
-@pytest.mark.parametrize("schedule", ["splits", "balanced"])
-def test_split_kernel_is_right_call_after_call(combine: str, schedule: str, build_cache: Path):
+def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     """Split-KV partials and the in-kernel combine's counters live in a per-call workspace: the answer is right
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
     from evoengineer.tasks.decode import DecodeShape
@@ -105,7 +103,7 @@ def test_split_kernel_is_right_call_after_call(combine: str, schedule: str, buil
     space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 4, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": combine, "FAST_EXP": True, "DEQUANT": "registers",
-              "MIN_BLOCKS": 1, "SCHEDULE": schedule}
+              "MIN_BLOCKS": 1}
     assert not space.violated(params)
     task, module = build_candidate(space, params, build_cache)
     big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097)), 21)
@@ -148,9 +146,8 @@ def _paged_twins(name: str, params: dict, build_cache: Path):
 
 
 @pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128"])
-@pytest.mark.parametrize("load_path,schedule", [("bulk", "splits"), ("cp_async", "balanced"), ("tma", "splits"),
-                                               ("tma", "balanced")])
-def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: str, schedule: str, build_cache: Path):
+@pytest.mark.parametrize("load_path", ["bulk", "cp_async", "tma"])
+def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: str, build_cache: Path):
     """A paged kernel reading pages in random order (shared prefixes, page sizes 1 to 128, lengths 1 and Sk) returns
     exactly what its contiguous twin returns on the same caches laid out contiguously, and the float64 reference's
     answer; the split workspace survives call after call and CUDA-graph replays. tma: boxes of one page's rows (pages
@@ -158,8 +155,7 @@ def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: st
     from evoengineer.tasks.decode import DecodeShape, gather_pages
 
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": load_path, "COPY_BYTES": 16, "M_TILES": 1,
-              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1,
-              "SCHEDULE": schedule}
+              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
     if "fp8" in name:
         params["DEQUANT"] = "registers"
     (task, module), (flat_task, flat) = _paged_twins(name, params, build_cache)
@@ -202,8 +198,7 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     (tmp_path / "space.toml").write_text(text)
     space = load_space(tmp_path / "space.toml")
     params = {"BLOCK_N": 64, "NUM_WARPS": 2, "STAGES": 3, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
-              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1,
-              "SCHEDULE": "splits"}
+              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
     if dequant:
         params["DEQUANT"] = dequant
     assert not space.violated(params), space.violated(params)
@@ -228,41 +223,3 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     big = task.make_inputs(shapes[1], 50)
     small = task.make_inputs(shapes[0], 51)
     assert_right_call_after_call(task, tma, big, small)
-
-
-@pytest.mark.parametrize("combine", ["in_kernel", "separate"])
-@pytest.mark.parametrize("space_name,load_path", [("decode_fp16_d128", "tma"), ("decode_fp8kv_d128", "cp_async"),
-                                                  ("decode_fp16_d128_paged", "tma")])
-def test_balanced_schedule_cuts_groups_anywhere(space_name: str, load_path: str, combine: str, build_cache: Path):
-    """SCHEDULE = balanced (every group's tiles end to end, an equal run per CTA): right against the float64
-    reference where a CTA walks parts of three or more groups (many short groups), where every CTA holds a part of
-    one group (one long sequence), where most contributors of a group hold no keys (lengths 1 and 2 in a long
-    cache), with several row chunks per group (G = 8, Sq = 5 at 16 rows a chunk), and where tiles and CTAs divide
-    evenly or not; call after call and from CUDA-graph replays."""
-    from evoengineer.tasks.decode import DecodeShape
-
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
-    params = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": load_path, "COPY_BYTES": 16, "M_TILES": 1,
-              "Q_IN_REGISTERS": True, "SPLIT_WAVES": 1, "COMBINE": combine, "FAST_EXP": True, "MIN_BLOCKS": 1,
-              "SCHEDULE": "balanced"}
-    if "fp8" in space_name:
-        params["DEQUANT"] = "registers"
-    assert not space.violated(params), space.violated(params)
-    task, module = build_candidate(space, params, build_cache)
-    page = {"page_size": 16} if "paged" in space_name else {}
-    shapes = [DecodeShape("short_groups", B=250, Hq=8, Hkv=4, Sk=128,
-                          seq_lens=tuple((128, 1, 127, 64, 65)[i % 5] for i in range(250)), **page),
-              DecodeShape("one_long", B=1, Hq=4, Hkv=1, Sq=2, Sk=40000, **page),
-              DecodeShape("empty_runs", B=3, Hq=16, Hkv=2, Sq=5, Sk=9000, seq_lens=(1, 2, 9000), **page),
-              DecodeShape("even", B=2, Hq=8, Hkv=2, Sk=64 * 132, **page)]
-    atol, rtol = task.tolerance()
-    for i, shape in enumerate(shapes):
-        inputs = task.make_inputs(shape, 60 + i)
-        out = task.new_output(inputs)
-        task.launch(module, inputs, out)
-        torch.cuda.synchronize()
-        ref = task.reference(inputs)
-        assert torch.isfinite(out).all(), shape.name
-        assert ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all(), (
-            shape.name, float((out.double() - ref).abs().max()))
-    assert_right_call_after_call(task, module, task.make_inputs(shapes[1], 70), task.make_inputs(shapes[0], 71))

@@ -2,6 +2,9 @@
 # H100 table (same genes otherwise), with every kernel's paged twin at page sizes 16 and 64 (pages not shared between
 # sequences: the same bytes as contiguous), one process; logs under $OUT.
 #   bash experiments/decode/scripts/balanced_h100.sh
+# RECORD: balanced was slower than splits on 15 of the 16 kernel x shape pairs (benchmark_balanced_h100.md) and was
+# removed; results/issue34/balanced/*.patch hold the template, spaces and tests (git apply them to rerun this). The
+# GPU-test log there is the run that found the in-kernel combine's arrival count wrong (mended in the patch).
 source experiments/scripts/device_env.sh || exit 1
 dest=${OUT:-experiments/decode/results/issue34}
 f16='"NUM_WARPS": 4, "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1, "MIN_BLOCKS": 1'
