@@ -58,17 +58,8 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
-# genes the decode spaces gained after elites were recorded, at the values that render the kernels those elites named
-# (none today; SCHEDULE was one while it was a gene: results/issue34/balanced)
-LATER_GENES: dict = {}
-
-
-def with_later_genes(space, params: dict) -> dict:
-    return {**{g: v for g, v in LATER_GENES.items() if g in space.names}, **params}
-
-
 def parse_kernel(text: str) -> tuple[str, object, dict]:
-    """LABEL=elite.json or LABEL=SPACE:{json}: (label, space, params; genes added since filled by LATER_GENES)."""
+    """LABEL=elite.json or LABEL=SPACE:{json}: (label, space, params)."""
     label, _, what = text.partition("=")
     if not label or not what:
         raise SystemExit(f"--kernel {text!r}: expected LABEL=elite.json or LABEL='SPACE:{{params}}'")
@@ -76,10 +67,10 @@ def parse_kernel(text: str) -> tuple[str, object, dict]:
         doc = json.loads(Path(what).read_text())
         shipped = SPACES_DIR / f"{doc['space']}.toml"
         space = load_space(shipped if shipped.exists() else doc["space_file"])
-        return label, space, with_later_genes(space, dict(doc["elites"][0]["params"]))
+        return label, space, dict(doc["elites"][0]["params"])
     name, _, params = what.partition(":")
     space = load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml")
-    return label, space, with_later_genes(space, json.loads(params))
+    return label, space, json.loads(params)
 
 
 def build_all(kernels: list[tuple[str, object, dict]], cache: Path) -> dict[str, tuple]:
