@@ -26,15 +26,19 @@ BOOLS = ("PINGPONG", "INTRA_WG_OVERLAP", "PERSISTENT", "Q_PREFETCH", "FAST_EXP")
 
 def _picks(space, n: int = 4, seed: int = 1) -> list:
     """First and last valid genomes, n random ones, one with each boolean gene on, one per consumer-warpgroup count,
-    per BLOCK_N, per cluster size, per RESCALE, POLY_EXP2 and DESC_OFFSETS value, and a persistent 2-CTA cluster."""
+    per BLOCK_N, per cluster size, per RESCALE, POLY_EXP2, DESC_OFFSETS and SCHEDULER value, and persistent 2-CTA
+    clusters (static and dynamic scheduler)."""
     valid = space.valid_genomes()
     rnd = random.Random(seed)
     picks = {valid[0], valid[-1], *rnd.sample(valid, min(n, len(valid)))}
     params = {g: space.genome_to_params(g) for g in valid}
     for gene in BOOLS:
         picks.add(rnd.choice([g for g in valid if params[g][gene]]))
-    picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2]))
-    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2", "DESC_OFFSETS"):
+    for sched in ("static", "dynamic"):
+        picks.add(rnd.choice([g for g in valid if params[g]["PERSISTENT"] and params[g]["CLUSTER_SIZE"] == 2
+                              and params[g]["SCHEDULER"] == sched]))
+    for gene in ("NUM_CONSUMER_WARPGROUPS", "BLOCK_N", "CLUSTER_SIZE", "RESCALE", "POLY_EXP2", "DESC_OFFSETS",
+                 "SCHEDULER"):
         for value in sorted({p[gene] for p in params.values()}):
             picks.add(rnd.choice([g for g in valid if params[g][gene] == value]))
     return sorted(picks)
@@ -64,13 +68,16 @@ PERSISTENT_GENOMES = {
     # ping-pong, Q prefetch, one CTA per SM
     "pingpong": {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
                  "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
-                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True},
+                 "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True, "SCHEDULER": "static"},
     # 2-CTA clusters with K/V multicast: 192-row q-blocks give an odd block count at Sq = 500 (a cluster with a CTA
     # past the end) and causal pairs whose lighter CTA frees tiles it does not compute on
     "cluster": {"BLOCK_M": 192, "BLOCK_N": 96, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 3, "PRODUCER_REGS": 24,
                 "PINGPONG": False, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": False,
-                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50, "DESC_OFFSETS": False},
+                "CLUSTER_SIZE": 2, "RESCALE": "when_moved", "POLY_EXP2": 50, "DESC_OFFSETS": False,
+                "SCHEDULER": "static"},
 }
+# the same with tiles taken from the global counter (in a cluster, handed from the first CTA to the other)
+PERSISTENT_GENOMES.update({k + "_dynamic": {**v, "SCHEDULER": "dynamic"} for k, v in list(PERSISTENT_GENOMES.items())})
 
 
 FP8_PERSISTENT = {"fp8_" + k: {**v, "PRODUCER_REGS": 40} for k, v in PERSISTENT_GENOMES.items()}
@@ -96,6 +103,43 @@ def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path
     assert_right_call_after_call(task, module, big_causal, small)
 
 
+@pytest.mark.parametrize("name", ["pingpong_dynamic", "cluster_dynamic", "fp8_cluster_dynamic"])
+def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build_cache: Path):
+    """The dynamic scheduler's counter slots: after more launches than there are slots (each slot drawn again, so
+    every launch's last unit must have zeroed its slot) the answer is still right, and launches in flight at once on
+    two streams (two slots) each get every tile."""
+    from evoengineer.tasks.sdpa import SDPAShape
+
+    fp8 = name.startswith("fp8_")
+    space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
+    task, module = build_candidate(space, {**PERSISTENT_GENOMES, **FP8_PERSISTENT}[name], build_cache)
+    atol, rtol = task.tolerance()
+
+    def right(inputs, out) -> bool:
+        ref = task.reference(inputs)
+        return bool(torch.isfinite(out).all() and ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all())
+
+    tiny = task.make_inputs(SDPAShape("tiny", B=2, H=2, Sq=130, Sk=200, causal=True), 21)
+    out = task.new_output(tiny)
+    for _ in range(1100):  # > the template's 1024 counter slots
+        task.launch(module, tiny, out)
+    torch.cuda.synchronize()
+    assert right(tiny, out)
+    big = [task.make_inputs(SDPAShape(f"b{i}", B=4, H=16, Sq=1000, Sk=1000, causal=True), 30 + i) for i in range(2)]
+    outs = [task.new_output(x) for x in big]
+    streams = [torch.cuda.Stream() for _ in big]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for x, o, st in zip(big, outs, streams):
+            with torch.cuda.stream(st):
+                task.launch(module, x, o)
+        torch.cuda.synchronize()
+        assert all(right(x, o) for x, o in zip(big, outs))
+
+
 def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache: Path):
     """With HANG_FOR_TESTS, persistent genomes arm a K slot's full barrier for 16 bytes more than TMA brings (an
     expect-tx mistake): the kernel deadlocks; the search records `timeout`, replaces the worker, and the next
@@ -110,7 +154,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     space = load_space(tmp_path / "hang.toml")
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
+              "CLUSTER_SIZE": 1, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False, "SCHEDULER": "static"}
     factory = CandidateFactory(space)
     hang, fine = factory.make(params), factory.make({**params, "PERSISTENT": False})
     assert "PLANTED FOR TESTS" in hang.source and "PLANTED FOR TESTS" not in fine.source
@@ -122,7 +166,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
 
 FP8_GENOME = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 40,
               "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,
-              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True}
+              "CLUSTER_SIZE": 1, "RESCALE": "lazy", "POLY_EXP2": 25, "DESC_OFFSETS": True, "SCHEDULER": "static"}
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])

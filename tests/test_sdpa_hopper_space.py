@@ -111,14 +111,16 @@ def test_constraints_turn_away_what_the_template_refuses():
     space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
     base = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
             "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
-            "CLUSTER_SIZE": 1}
+            "CLUSTER_SIZE": 1, "SCHEDULER": "static"}
     assert not space.violated(base) and not space.violated({**base, "CLUSTER_SIZE": 2})
+    assert not space.violated({**base, "SCHEDULER": "dynamic"})
     for bad in ({"INTRA_WG_OVERLAP": False},                    # ping-pong turns are S and P V issued together
                 {"NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64},  # ping-pong needs two consumer warpgroups
                 {"PERSISTENT": False},                          # Q prefetch needs a next tile
                 {"BLOCK_M": 192},                               # 1.5 m64 tiles per warpgroup
                 {"PINGPONG": False, "NUM_CONSUMER_WARPGROUPS": 1, "BLOCK_M": 64, "PRODUCER_REGS": 40},  # moot split
-                {"BLOCK_M": 256, "BLOCK_N": 176}):              # two m64 tiles of S, P and O exceed 240 registers
+                {"BLOCK_M": 256, "BLOCK_N": 176},               # two m64 tiles of S, P and O exceed 240 registers
+                {"SCHEDULER": "dynamic", "PERSISTENT": False, "Q_PREFETCH": False}):  # a grid of one CTA per tile
         assert space.violated({**base, **bad}), bad
     d128 = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128.toml")
     # Q (two buffers) and four stages of 176-key K and V tiles at head dim 128: over 227 KB
@@ -201,3 +203,20 @@ def test_desc_offsets_switches_only_the_descriptor_path():
     assert len(on) == len(off) and len(changed) == 2, changed
     assert any("kDescOffsets = true" in a and "kDescOffsets = false" in b for a, b in changed)
     assert any("DESC_OFFSETS=True" in a and "DESC_OFFSETS=False" in b for a, b in changed)
+
+
+def test_scheduler_dynamic_adds_the_counter_and_static_renders_no_trace_of_it():
+    """SCHEDULER = dynamic: a counter slot per launch, the tile handed over in shared memory (and across a cluster by
+    st.async); static renders no counter, hand-over or extra barriers (the kernel earlier landscapes measured)."""
+    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128_mixed_large.toml")
+    factory = CandidateFactory(space)
+    g = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
+         "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,
+         "CLUSTER_SIZE": 2, "RESCALE": "always", "POLY_EXP2": 0, "DESC_OFFSETS": False}
+    dyn = factory.make({**g, "SCHEDULER": "dynamic"}).source
+    static = factory.make({**g, "SCHEDULER": "static"}).source
+    assert "kDynamic = true" in dyn and "kDynamic = false" in static
+    for piece in ("g_tile_counters", "next_tile(p, pipe, rank, clusters, taken++)", "finish_schedule(p, clusters)",
+                  "st.async.shared::cluster.mbarrier::complete_tx::bytes", "unsigned int* sched;"):
+        assert piece in dyn and piece not in static, piece
+    assert "for (int64_t t = cluster; t < p.num_tiles; t += clusters)" in static

@@ -1,13 +1,15 @@
-"""A/B of template versions in one process on a GPU host: the same genomes rendered from the working tree's template
-and from other versions of it, checked, then timed in interleaved rounds next to cuDNN (kernel-only, CUDA graph
-replay, L2 warm), so clock and thermal drift fall on every variant alike.
+"""A/B of template versions (or of one gene's values) in one process on a GPU host: the same genomes rendered from
+the working tree's template and from other versions of it, checked, then timed in interleaved rounds next to cuDNN
+(kernel-only, CUDA graph replay, L2 warm), so clock and thermal drift fall on every variant alike.
 
     python experiments/sdpa/template_ab.py --space sdpa_hopper_fp16_d64_large --genomes G.json \
         --variant before=old_template.cu.j2 [--variant ...] [--shapes "4,16,4096;16,16,1024"] [--rounds 3] [--json F]
+    python experiments/sdpa/template_ab.py ... --genes dynamic='{"SCHEDULER": "dynamic"}'
 
-A variant is a copy of the space (same genes, constraints, signature) whose template is the given file, in a
-scratch folder beside a copy of the working tree's templates/cuda/common includes. Times are medians over the rounds;
-ratios are variant / tree.
+A --variant is a copy of the space (same genes, constraints, signature) whose template is the given file, in a
+scratch folder beside a copy of the working tree's templates/cuda/common includes. A --genes variant is the tree's
+template with those genes set on every genome (genomes they make invalid are refused). Times are medians over the
+rounds; ratios are variant / tree.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from benchmark import build, graph_us  # noqa: E402
+from benchmark import build, graph_us, with_later_genes  # noqa: E402
 from hopper_probe import check_modules  # noqa: E402
 from evoengineer import SPACES_DIR, TEMPLATES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -50,6 +52,7 @@ def main() -> int:
     ap.add_argument("--space", required=True)
     ap.add_argument("--genomes", required=True, help="JSON list of parameter dicts")
     ap.add_argument("--variant", action="append", default=[], help="NAME=TEMPLATE_FILE (repeatable)")
+    ap.add_argument("--genes", action="append", default=[], help="NAME=JSON object of genes to set (repeatable)")
     ap.add_argument("--shapes", default="4,16,4096;16,16,1024", help="B,H,S;... (D from the space), causal and not")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
@@ -63,9 +66,16 @@ def main() -> int:
     for spec in a.variant:
         name, _, path = spec.partition("=")
         spaces[name] = variant_space(space_file, tree, Path(path), name, scratch)
+    overrides = {name: {} for name in spaces}
+    for spec in a.genes:
+        name, _, text = spec.partition("=")
+        spaces[name], overrides[name] = tree, json.loads(text)
+        bad = [g for g in genomes if tree.violated(with_later_genes(tree, {**g, **overrides[name]}))]
+        if bad:
+            raise SystemExit(f"--genes {name}: makes genomes invalid: {bad[:2]}")
     mods, task = {}, None
     for name, space in spaces.items():
-        task, mods[name] = build(space, genomes, Path(a.cache_dir))
+        task, mods[name] = build(space, [{**g, **overrides[name]} for g in genomes], Path(a.cache_dir))
     D = tree.signature["HEAD_DIM"]
     # every variant of every genome on ragged / causal / Sq != Sk shapes
     check_modules(task, {f"{name} g{gi}": mod for name in spaces for gi, mod in enumerate(mods[name])})
