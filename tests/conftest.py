@@ -75,12 +75,11 @@ def build_cache(tmp_path_factory) -> Path:
     return Path(given) if given else tmp_path_factory.mktemp("evocache")
 
 
-def build_candidate(space, params, cache_dir: Path, jobs: int | None = None):
-    """(task, module) of one candidate (params dict or genome) of `space`, built through the real Builder; the
-    build must succeed."""
+def build_result(space, params, cache_dir: Path, jobs: int | None = None):
+    """(task, candidate, build result) of one candidate (params dict or genome) of `space`, built through the real
+    Builder; the build must succeed."""
     from evoengineer.candidate import CandidateFactory
     from evoengineer.compiler.builder import Builder
-    from evoengineer.compiler.steps import load_module
     from evoengineer.tasks.base import get_task
 
     task = get_task(space)
@@ -93,7 +92,27 @@ def build_candidate(space, params, cache_dir: Path, jobs: int | None = None):
     finally:
         b.close()
     assert r.status == "ok", (cand.params, r.status, r.reason)
+    return task, cand, r
+
+
+def build_candidate(space, params, cache_dir: Path, jobs: int | None = None):
+    """(task, module) of one candidate (params dict or genome) of `space`, built through the real Builder; the
+    build must succeed."""
+    from evoengineer.compiler.steps import load_module
+
+    task, _, r = build_result(space, params, cache_dir, jobs)
     return task, load_module(r.so, r.module)
+
+
+def assert_right(task, inputs, out) -> None:
+    """`out` (synchronized first) is within the task's tolerance of its reference on `inputs`, and all finite."""
+    import torch
+
+    atol, rtol = task.tolerance()
+    torch.cuda.synchronize()
+    ref = task.reference(inputs)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all(), float((out.double() - ref).abs().max())
 
 
 def assert_right_call_after_call(task, module, big, small) -> None:
@@ -102,18 +121,10 @@ def assert_right_call_after_call(task, module, big, small) -> None:
     NaN-poisoned before each replay). For persistent kernels, whose per-launch state must not leak."""
     import torch
 
-    atol, rtol = task.tolerance()
-
-    def check(inputs, out):
-        torch.cuda.synchronize()
-        ref = task.reference(inputs)
-        assert torch.isfinite(out).all()
-        assert ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all(), float((out.double() - ref).abs().max())
-
     for inputs in (big, big, small, big):
         out = task.new_output(inputs)
         task.launch(module, inputs, out)
-        check(inputs, out)
+        assert_right(task, inputs, out)
     out = task.new_output(big)
     task.launch(module, big, out)  # warm-up outside the capture
     torch.cuda.synchronize()
@@ -123,7 +134,7 @@ def assert_right_call_after_call(task, module, big, small) -> None:
     for _ in range(2):
         out.fill_(float("nan"))
         graph.replay()
-        check(big, out)
+        assert_right(task, big, out)
 
 
 @pytest.fixture

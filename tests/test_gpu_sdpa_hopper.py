@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from conftest import assert_right_call_after_call, build_candidate  # noqa: E402
+from conftest import assert_right, assert_right_call_after_call, build_candidate, build_result  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -113,18 +113,11 @@ def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build
     fp8 = name.startswith("fp8_")
     space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
     task, module = build_candidate(space, {**PERSISTENT_GENOMES, **FP8_PERSISTENT}[name], build_cache)
-    atol, rtol = task.tolerance()
-
-    def right(inputs, out) -> bool:
-        ref = task.reference(inputs)
-        return bool(torch.isfinite(out).all() and ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all())
-
     tiny = task.make_inputs(SDPAShape("tiny", B=2, H=2, Sq=130, Sk=200, causal=True), 21)
     out = task.new_output(tiny)
     for _ in range(1100):  # > the template's 1024 counter slots
         task.launch(module, tiny, out)
-    torch.cuda.synchronize()
-    assert right(tiny, out)
+    assert_right(task, tiny, out)
     big = [task.make_inputs(SDPAShape(f"b{i}", B=4, H=16, Sq=1000, Sk=1000, causal=True), 30 + i) for i in range(2)]
     outs = [task.new_output(x) for x in big]
     streams = [torch.cuda.Stream() for _ in big]
@@ -136,8 +129,8 @@ def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build
         for x, o, st in zip(big, outs, streams):
             with torch.cuda.stream(st):
                 task.launch(module, x, o)
-        torch.cuda.synchronize()
-        assert all(right(x, o) for x, o in zip(big, outs))
+        for x, o in zip(big, outs):
+            assert_right(task, x, o)
 
 
 # dynamic-scheduler genomes with one Q buffer, so the producer rewrites the tile index beside it every tile (the
@@ -162,25 +155,14 @@ def test_dynamic_scheduler_kernels_are_sanitizer_clean(build_cache: Path):
     """memcheck, racecheck and synccheck find nothing in dynamic-scheduler kernels (tile hand-over in shared memory,
     across a cluster by st.async, the counter slot) on the space's smallest checked shape, as the search's
     certification runs them."""
-    from evoengineer.candidate import CandidateFactory
-    from evoengineer.compiler.builder import Builder
     from evoengineer.evaluators.sanitizer import certify, find_tool
-    from evoengineer.tasks.base import get_task
 
     if find_tool() is None:
         pytest.skip("compute-sanitizer not found")
     for space_name, params in SANITIZED:
         space = load_space(SPACES_DIR / f"{space_name}.toml")
         assert not space.violated(params)
-        task = get_task(space)
-        cand = CandidateFactory(space).make(params)
-        b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
-                    cache_dir=build_cache)
-        try:
-            r = b.submit(cand).result()
-        finally:
-            b.close()
-        assert r.status == "ok", (params, r.status, r.reason)
+        _, cand, r = build_result(space, params, build_cache)
         verdict = certify([{"hash": cand.hash, "so": r.so, "module": r.module}], space_text=space.text,
                           space_path=str(space.path), tools=["memcheck", "racecheck", "synccheck"],
                           timeout_s=120)[cand.hash]

@@ -7,8 +7,9 @@ cluster of CLUSTER_SIZE CTAs on neighbouring q-blocks); causal runs order the ti
 cost here is the K/V tiles its unit loads (the heavier q-block of a cluster) plus a fixed `overhead` (Q load,
 epilogue, in units of one K/V tile). The model prints, per shape and tile shape, the busiest unit's cost over the
 mean (1.0 = every SM busy to the end) for that static walk and for a dynamic one (each unit takes the next tile in
-the same order when it is free, as an atomic tile counter would do). It models only the balance, not the speed of
-a tile.
+the same order when it is free, as an atomic tile counter would do: the template's SCHEDULER = dynamic, which takes
+its next tile a little earlier, once its producer has issued the current tile's loads). It models only the
+balance, not the speed of a tile.
 """
 
 from __future__ import annotations
