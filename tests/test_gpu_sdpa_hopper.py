@@ -106,8 +106,9 @@ def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path
 @pytest.mark.parametrize("name", ["pingpong_dynamic", "cluster_dynamic", "fp8_cluster_dynamic"])
 def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build_cache: Path):
     """The dynamic scheduler's counter slots: after more launches than there are slots (each slot drawn again, so
-    every launch's last unit must have zeroed its slot) the answer is still right, and launches in flight at once on
-    two streams (two slots) each get every tile."""
+    every launch's last unit must have zeroed its slot) the answer is still right; launches in flight at once on
+    two streams (two slots) each get every tile; and so do replays, at once on two streams, of two graphs captured
+    1024 eager launches apart (a rotation of the eager slots: graphs draw slots of their own)."""
     from evoengineer.tasks.sdpa import SDPAShape
 
     fp8 = name.startswith("fp8_")
@@ -129,6 +130,23 @@ def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build
         for x, o, st in zip(big, outs, streams):
             with torch.cuda.stream(st):
                 task.launch(module, x, o)
+        for x, o in zip(big, outs):
+            assert_right(task, x, o)
+    graphs = []
+    for x, o in zip(big, outs):
+        graphs.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[-1]):
+            task.launch(module, x, o)
+        for _ in range(1023):  # were graphs to share the eager rotation, the next graph would draw this slot
+            task.launch(module, tiny, out)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for g, st in zip(graphs, streams):
+            with torch.cuda.stream(st):
+                g.replay()
         for x, o in zip(big, outs):
             assert_right(task, x, o)
 
