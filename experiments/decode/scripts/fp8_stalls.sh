@@ -3,7 +3,7 @@
 # elite, at the decode shape and the long single sequence; text reports under $OUT.
 #   bash experiments/decode/scripts/fp8_stalls.sh
 source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34}
+dest=${OUT:-experiments/decode/results/issue34/fp8_stalls}
 r=experiments/decode/results
 g='"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": "tma", "Q_IN_REGISTERS": true, "COMBINE": "in_kernel",
    "FAST_EXP": true, "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1, "MIN_BLOCKS": 1'

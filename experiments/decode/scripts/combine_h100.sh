@@ -1,0 +1,31 @@
+# On the GPU host, from the repository root (issue 34): the parallel combine against the template before it
+# (results/issue34/combine/decode_before_combine.patch), the table's four kernels each way,
+# every shape, one process; logs under $OUT.
+#   bash experiments/decode/scripts/combine_h100.sh
+source experiments/scripts/device_env.sh || exit 1
+dest=${OUT:-experiments/decode/results/issue34/combine}
+# the template before the parallel combine (results/issue34/combine/decode_before_combine.patch applied to today's)
+# and its two spaces, in a folder of their own
+c=$(mktemp -d)
+cp templates/cuda/decode.cu.j2 "$c/decode_before_combine.cu.j2"
+patch -s "$c/decode_before_combine.cu.j2" experiments/decode/results/issue34/combine/decode_before_combine.patch || exit 1
+sed -i 's|{% include "common/|{% include "cuda/common/|' "$c/decode_before_combine.cu.j2"
+for sp in decode_fp16_d128 decode_fp8kv_d128; do
+  sed -e "s/^name = \"$sp\"/name = \"${sp}_before_combine\"/" \
+      -e 's|^template = "cuda/decode.cu.j2"|template = "decode_before_combine.cu.j2"|' "search_spaces/$sp.toml" \
+      > "$c/${sp}_before_combine.toml"
+done
+f16='"NUM_WARPS": 4, "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1, "MIN_BLOCKS": 1'
+fp16_ga="{\"BLOCK_N\": 64, \"STAGES\": 2, \"LOAD_PATH\": \"tma\", \"Q_IN_REGISTERS\": true, \"COMBINE\": \"in_kernel\", \"FAST_EXP\": true, $f16}"
+fp16_tma="{\"BLOCK_N\": 128, \"STAGES\": 2, \"LOAD_PATH\": \"tma\", \"Q_IN_REGISTERS\": false, \"COMBINE\": \"separate\", \"FAST_EXP\": true, $f16}"
+fp8_ga='{"BLOCK_N": 32, "NUM_WARPS": 2, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "Q_IN_REGISTERS": true, "SPLIT_WAVES": 1, "COMBINE": "separate", "FAST_EXP": true, "MIN_BLOCKS": 1, "DEQUANT": "shared"}'
+fp8_tma="{\"BLOCK_N\": 64, \"STAGES\": 3, \"LOAD_PATH\": \"tma\", \"Q_IN_REGISTERS\": true, \"COMBINE\": \"in_kernel\", \"FAST_EXP\": true, \"DEQUANT\": \"shared\", $f16}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_combine.txt"
+timeout -k 10 ${BENCH_TIMEOUT:-400} python3 experiments/decode/benchmark.py \
+  --kernel "fp16_ga=decode_fp16_d128:$fp16_ga" --kernel "fp16_ga_before=$c/decode_fp16_d128_before_combine.toml:$fp16_ga" \
+  --kernel "fp16_tma=decode_fp16_d128:$fp16_tma" --kernel "fp16_tma_before=$c/decode_fp16_d128_before_combine.toml:$fp16_tma" \
+  --kernel "fp8_ga=decode_fp8kv_d128:$fp8_ga" --kernel "fp8_ga_before=$c/decode_fp8kv_d128_before_combine.toml:$fp8_ga" \
+  --kernel "fp8_tma=decode_fp8kv_d128:$fp8_tma" --kernel "fp8_tma_before=$c/decode_fp8kv_d128_before_combine.toml:$fp8_tma" \
+  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_combine_h100.json" --md "$dest/benchmark_combine_h100.md" \
+  > "$dest/benchmark_combine_h100.log" 2>&1
+echo "bench rc $?"; tail -12 "$dest/benchmark_combine_h100.log"

@@ -1,0 +1,30 @@
+# On the GPU host, from the repository root (issue 34): Nsight Compute durations, occupancy and DRAM throughput of the
+# split and combine kernels with the parallel combine and before it (frozen template), the decode shape and the long
+# single sequence; text reports under $OUT.
+#   bash experiments/decode/scripts/combine_profile.sh
+source experiments/scripts/device_env.sh || exit 1
+dest=${OUT:-experiments/decode/results/issue34/combine}
+# the template before the parallel combine (results/issue34/combine/decode_before_combine.patch applied to today's)
+# and its two spaces, in a folder of their own
+c=$(mktemp -d)
+cp templates/cuda/decode.cu.j2 "$c/decode_before_combine.cu.j2"
+patch -s "$c/decode_before_combine.cu.j2" experiments/decode/results/issue34/combine/decode_before_combine.patch || exit 1
+sed -i 's|{% include "common/|{% include "cuda/common/|' "$c/decode_before_combine.cu.j2"
+for sp in decode_fp16_d128 decode_fp8kv_d128; do
+  sed -e "s/^name = \"$sp\"/name = \"${sp}_before_combine\"/" \
+      -e 's|^template = "cuda/decode.cu.j2"|template = "decode_before_combine.cu.j2"|' "search_spaces/$sp.toml" \
+      > "$c/${sp}_before_combine.toml"
+done
+f16='"NUM_WARPS": 4, "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1, "MIN_BLOCKS": 1'
+fp16_ga="{\"BLOCK_N\": 64, \"STAGES\": 2, \"LOAD_PATH\": \"tma\", \"Q_IN_REGISTERS\": true, \"COMBINE\": \"in_kernel\", \"FAST_EXP\": true, $f16}"
+fp8_ga='{"BLOCK_N": 32, "NUM_WARPS": 2, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "Q_IN_REGISTERS": true, "SPLIT_WAVES": 1, "COMBINE": "separate", "FAST_EXP": true, "MIN_BLOCKS": 1, "DEQUANT": "shared"}'
+kernels=(--kernel "fp16_ga=decode_fp16_d128:$fp16_ga" --kernel "fp16_ga_before=$c/decode_fp16_d128_before_combine.toml:$fp16_ga"
+         --kernel "fp8_ga=decode_fp8kv_d128:$fp8_ga" --kernel "fp8_ga_before=$c/decode_fp8kv_d128_before_combine.toml:$fp8_ga")
+timeout -k 5 200 python3 experiments/decode/profile.py "${kernels[@]}" --cudnn --shape 1,32,8,1,32768,128 \
+  --cache-dir "$EVOENGINEER_CACHE" > "$dest/combine_profile_plain.log" 2>&1; echo "plain rc $?"; tail -5 "$dest/combine_profile_plain.log"
+for shape in 8,32,8,1,8192,128 1,32,8,1,32768,128; do
+  timeout -k 5 150 ncu --profile-from-start off --nvtx --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --print-summary none python3 experiments/decode/profile.py "${kernels[@]}" --cudnn --shape $shape \
+    --cache-dir "$EVOENGINEER_CACHE" > "$dest/combine_ncu_${shape//,/_}.txt" 2>&1
+  echo "ncu $shape rc $?"
+done
