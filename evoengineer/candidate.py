@@ -88,7 +88,9 @@ def template_sha256(space: SearchSpace) -> str:
 
 def normalize_params(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
     """`params` in space order, each value replaced by the space's own value (1 given for 1.0 becomes 1.0), so
-    equal configurations hash and render alike. Values must be allowed ones (see SearchSpace.check_params)."""
+    equal configurations hash and render alike (a missing gene that declares a default takes it). Values must be
+    allowed ones (see SearchSpace.check_params)."""
+    params = space.with_defaults(params)
     return {p.name: p.values[p.index(params[p.name])] for p in space.parameters}
 
 
@@ -164,7 +166,9 @@ def _environment(template_dir: str) -> jinja2.Environment:
 
 def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environment | None = None) -> str:
     """Render the space's template for `params` (validated first) plus the signature constants.
-    `env` (default: one loading from the template's folder) is where the template is looked up."""
+    `env` (default: one loading from the template's folder) is where the template is looked up. Missing genes that
+    declare a default take it."""
+    params = space.with_defaults(params)
     space.check_params(params)
     params = normalize_params(space, params)
     path: Path = space.template_path
@@ -214,6 +218,7 @@ class CandidateFactory:
         self._env = _new_environment(jinja2.ChoiceLoader([snapshot, fallback]), auto_reload=False)
 
     def make(self, params: dict[str, Any]) -> Candidate:
+        params = self.space.with_defaults(params)  # a genome recorded before a defaulted gene existed
         source = render(self.space, params, env=self._env)
         s = self.space
         params = normalize_params(s, params)

@@ -32,7 +32,7 @@ def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
     tma = p["LOAD_PATH"] == "tma"
     pitch = head_dim * (1 if fp8 else 2) + (0 if tma else 16)
     half_pitch = head_dim * 2 + 16
-    rows = 16 * p["M_TILES"]
+    rows = (8 if p["MMA_ROWS"] == "keys" else 16) * p["M_TILES"]  # query rows of a row tile: N or M side
     ring = p["NUM_WARPS"] * p["STAGES"] * 2 * slice_ * pitch
     conv = p["NUM_WARPS"] * 2 * slice_ * half_pitch if fp8 and p.get("DEQUANT") == "shared" else 0
     q = 0 if p["Q_IN_REGISTERS"] else rows * half_pitch
@@ -53,6 +53,7 @@ def test_space_matches_the_template(space_file: Path):
     sig = space.signature
     fp8 = sig["KV_DTYPE"] == "float8_e4m3"
     assert ("DEQUANT" in space.names) == fp8
+    assert space.parameters[-1].name == "MMA_ROWS" and space.parameters[-1].default == "queries"
     # every genome of the product: admitted by the constraints iff it fits (the constraint adds the barriers of the
     # TMA path to every genome, so it may turn away a few that would just fit)
     valid = set(space.valid_genomes())
@@ -77,6 +78,7 @@ def test_space_matches_the_template(space_file: Path):
         assert ("cp.async.bulk.tensor.3d" in src) == (p["LOAD_PATH"] == "tma")
         assert t["kCombineInKernel"] == str(p["COMBINE"] == "in_kernel").lower()
         assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
+        assert t["kKeysM"] == str(p["MMA_ROWS"] == "keys").lower()
         assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
         assert ("cp.async.bulk.shared::cluster" in src) and ("cp.async.cg.shared.global" in src)
         assert t["kPaged"] == str(sig.get("KV_LAYOUT") == "paged").lower()

@@ -6,6 +6,7 @@ replays, and paged kernels giving the contiguous kernel's bits on the same cache
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
 SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
-CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS")
+CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS", "MMA_ROWS")
 
 
 def _picks(space, seed: int = 1) -> list:
@@ -67,11 +68,27 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
         assert m.metrics["speedup_vs"]["sdpa"] > 0 and m.metrics["time_us"] > 0
 
 
+@pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128_paged", "decode_fp8kv_d64"])
+def test_keys_on_m_kernels_are_correct(name: str, build_cache: Path):
+    """MMA_ROWS = keys (S^T = K Q^T, O^T = V^T P^T, P^T through movmatrix): the sampled genomes' genes with keys on
+    M (FP8 dequantized in shared memory) pass every check of the space (ragged lengths with NaN past them, G = 1
+    and 8, Sq 1 to 5, many splits; paged pages in random order, shared prefixes)."""
+    space = load_space(SPACES_DIR / f"{name}.toml")
+    keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": "shared"} if "DEQUANT" in p else {})}
+            for p in (space.genome_to_params(g) for g in _picks(space))]
+    genomes = [q for q in {json.dumps(p, sort_keys=True): None for p in keys} if not space.violated(json.loads(q))]
+    results = _evaluate(space, [json.loads(q) for q in genomes], build_cache)
+    bad = [(c.params, m.status, m.reason) for c, m in results
+           if m.status != "ok" and not (m.status == "gate_failed" and "spill" in m.reason)]
+    assert not bad, bad
+    assert any(m.status == "ok" for _, m in results)
+
+
 @pytest.mark.parametrize("q_dtype,kv_dtype,paged", [("bfloat16", "bfloat16", False), ("bfloat16", "float8_e4m3", False),
                                                     ("bfloat16", "float8_e4m3", True)])
 def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Path, build_cache: Path):
     """The template serves bf16 Q (with bf16 or FP8 K/V, FP8 dequantized to bf16 either way) on the same shapes,
-    paged too."""
+    paged too, with the query rows on either side of the MMAs."""
     text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text()
     if paged:
         text = text.replace('KV_DTYPE = "float8_e4m3"', 'KV_LAYOUT = "paged"\nKV_DTYPE = "float8_e4m3"')
@@ -80,6 +97,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
         'KV_DTYPE = "float8_e4m3"', f'KV_DTYPE = "{kv_dtype}"')
     if kv_dtype != "float8_e4m3":
         text = text.replace("\nfp16_max_abs_err = 0.06", "")
+        text = text.replace("  \"MMA_ROWS == 'queries' or DEQUANT == 'shared'\",\n", "")  # no DEQUANT without FP8
         text = text.replace("(DEQUANT == 'shared')", "0").replace(
             'DEQUANT = { values = ["registers", "shared"], ordered = false }', "")
     (tmp_path / "bf16.toml").write_text(text)
@@ -89,6 +107,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
     genomes = [base, {**base, "LOAD_PATH": "cp_async", "M_TILES": 1, "COMBINE": "separate"}]
     if kv_dtype == "float8_e4m3":
         genomes = [{**g, "DEQUANT": d} for g in genomes for d in ("registers", "shared")]
+    genomes += [{**g, "MMA_ROWS": "keys"} for g in genomes if g.get("DEQUANT", "shared") == "shared"]  # bf16 P^T too
     results = _evaluate(space, genomes, build_cache)
     bad = [(c.params, m.status, m.reason) for c, m in results if m.status != "ok"]
     assert not bad, bad

@@ -112,6 +112,8 @@ def test_toy_space_loads():
     ("A = { type = \"bool\", values = [1, 2] }\n", ["parameters.A", "only one"]),
     ("A = { values = [1, 2], step = 2 }\n", ["parameters.A", "step"]),
     ("A = { ordered = true }\n", ["parameters.A", "values"]),
+    ("A = { values = [1, 2], default = 3 }\n", ["parameters.A", "default 3", "not one of"]),
+    ("A = { type = \"bool\", default = 1 }\n", ["parameters.A", "default 1"]),
     ("\"A-B\" = [1, 2]\n", ["parameters.A-B", "identifier"]),
     ("if = [1, 2]\n", ["parameters.if", "keyword"]),
     ("A = [1, 2]\nconstraints = [\"A > 1\"]\n", ["parameters.constraints", "top-level key"]),
@@ -416,6 +418,29 @@ def test_params_to_genome_rejects_bad_params(sdir: Path):
                if s.violated(dict(zip(s.names, c))))
     with pytest.raises(UserError, match="violates constraint"):
         s.params_to_genome(bad)
+
+
+def test_a_default_fills_genomes_recorded_before_its_gene(sdir: Path):
+    """A gene added to a space with `default` lets genomes recorded without it load as that value (checks, genome,
+    constraints, rendering, hash); a gene without a default stays required."""
+    from evoengineer.candidate import CandidateFactory, render
+
+    (sdir / "t.j2").write_text("{{ A }} {{ NEW }}\n")
+    s = space_from(sdir, "constraints = [\"NEW == 'old' or A > 1\"]\n[parameters]\nA = [1, 2]\n"
+                         "NEW = { values = [\"new\", \"old\"], ordered = false, default = \"old\" }\n")
+    assert s.parameters[1] == Parameter("NEW", ("new", "old"), False, "old")
+    assert s.with_defaults({"A": 1}) == {"A": 1, "NEW": "old"}
+    assert s.with_defaults({"A": 1, "NEW": "new"})["NEW"] == "new"
+    s.check_params({"A": 1})
+    assert s.params_to_genome({"A": 1}) == [0, 1]
+    assert not s.violated({"A": 1}) and s.violated({"A": 1, "NEW": "new"})
+    assert render(s, {"A": 2}).strip() == "2 old"
+    factory = CandidateFactory(s)
+    assert factory.make({"A": 2}).hash == factory.make({"A": 2, "NEW": "old"}).hash
+    assert factory.make({"A": 2}).params == {"A": 2, "NEW": "old"}
+    with pytest.raises(UserError, match="missing"):
+        s.check_params({"NEW": "old"})  # A has no default
+    assert Parameter("B", (1, 2), True).default is None
 
 
 def test_is_valid_genome_bounds(sdir: Path):

@@ -39,6 +39,9 @@ class Parameter:
     name: str
     values: tuple[Value, ...]
     ordinal: bool
+    # the value of a genome recorded before this gene existed (one that renders the kernel it was then); None: such
+    # genomes are refused as incomplete
+    default: Value | None = None
 
     def index(self, value: Value) -> int:
         """Position of `value` in this parameter's list (exact type match: True is not 1)."""
@@ -110,11 +113,20 @@ class SearchSpace:
         return {p.name: p.values[g] for p, g in zip(self.parameters, genome)}
 
     def params_to_genome(self, params: dict[str, Value]) -> list[int]:
+        params = self.with_defaults(params)
         self.check_params(params)
         return [p.index(params[p.name]) for p in self.parameters]
 
+    def with_defaults(self, params: dict[str, Value]) -> dict[str, Value]:
+        """`params` with every missing gene that declares a default set to it (genomes recorded before a gene was
+        added); anything else is left for check_params to judge."""
+        missing = {p.name: p.default for p in self.parameters if p.default is not None and p.name not in params}
+        return {**params, **missing} if missing else params
+
     def check_params(self, params: dict[str, Value], where: str = "params") -> None:
-        """Raise UserError unless `params` names every parameter with an allowed value and meets the constraints."""
+        """Raise UserError unless `params` names every parameter (or leaves out one that declares a default) with an
+        allowed value and meets the constraints."""
+        params = self.with_defaults(params)
         missing = [n for n in self.names if n not in params]
         extra = [n for n in params if n not in self.names]
         if missing or extra:
@@ -130,7 +142,7 @@ class SearchSpace:
             raise UserError(f"{where}: {params} violates constraint {broken[0]!r} of space {self.name!r}")
 
     def env(self, params: dict[str, Value]) -> dict[str, Value]:
-        return {**self.signature, **params}
+        return {**self.signature, **self.with_defaults(params)}
 
     def violated(self, params: dict[str, Value]) -> list[str]:
         env = self.env(params)
@@ -318,7 +330,7 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
     if isinstance(spec, list):
         values = spec
     elif isinstance(spec, dict):
-        unknown = set(spec) - {"values", "ordered", "type", "range", "step"}
+        unknown = set(spec) - {"values", "ordered", "type", "range", "step", "default"}
         if unknown:
             raise UserError(f"{key}: unknown key(s) {sorted(unknown)}")
         kinds_given = [k for k in ("values", "type", "range") if k in spec]
@@ -360,7 +372,13 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
         raise UserError(f"{key}: repeated values")
     if kinds == {bool} and not (isinstance(spec, dict) and "ordered" in spec):
         ordinal = False
-    return Parameter(name, tuple(values), ordinal)
+    param = Parameter(name, tuple(values), ordinal)
+    if isinstance(spec, dict) and "default" in spec:
+        try:
+            param = Parameter(name, tuple(values), ordinal, values[param.index(spec["default"])])
+        except KeyError:
+            raise UserError(f"{key}: default {spec['default']!r} is not one of its values {values}") from None
+    return param
 
 
 def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bool = True) -> SearchSpace:
