@@ -5,9 +5,6 @@
 source experiments/scripts/device_env.sh || exit 1
 dest=${OUT:-experiments/decode/results/issue34/combine}
 source experiments/decode/scripts/before_combine.sh || exit 1
-f16='"NUM_WARPS": 4, "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1, "MIN_BLOCKS": 1'
-fp16_ga="{\"BLOCK_N\": 64, \"STAGES\": 2, \"LOAD_PATH\": \"tma\", \"Q_IN_REGISTERS\": true, \"COMBINE\": \"in_kernel\", \"FAST_EXP\": true, $f16}"
-fp8_ga='{"BLOCK_N": 32, "NUM_WARPS": 2, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "Q_IN_REGISTERS": true, "SPLIT_WAVES": 1, "COMBINE": "separate", "FAST_EXP": true, "MIN_BLOCKS": 1, "DEQUANT": "shared"}'
 kernels=(--kernel "fp16_ga=decode_fp16_d128:$fp16_ga" --kernel "fp16_ga_before=$c/decode_fp16_d128_before_combine.toml:$fp16_ga"
          --kernel "fp8_ga=decode_fp8kv_d128:$fp8_ga" --kernel "fp8_ga_before=$c/decode_fp8kv_d128_before_combine.toml:$fp8_ga")
 timeout -k 5 200 python3 experiments/decode/profile.py "${kernels[@]}" --cudnn --shape 1,32,8,1,32768,128 \
