@@ -34,7 +34,8 @@ def _template_smem(p: dict, head_dim: int, fp8: bool) -> int:
     half_pitch = head_dim * 2 + 16
     rows = (8 if p["MMA_ROWS"] == "keys" else 16) * p["M_TILES"]  # query rows of a row tile: N or M side
     ring = p["NUM_WARPS"] * p["STAGES"] * 2 * slice_ * pitch
-    conv = p["NUM_WARPS"] * 2 * slice_ * half_pitch if fp8 and p.get("DEQUANT") == "shared" else 0
+    buffers = {"shared": 2, "shared_single": 1, "k_registers": 1}.get(p.get("DEQUANT"), 0) if fp8 else 0  # K, V
+    conv = p["NUM_WARPS"] * buffers * slice_ * half_pitch
     q = 0 if p["Q_IN_REGISTERS"] else rows * half_pitch
     merge = rows * head_dim * 4 + 2 * p["NUM_WARPS"] * rows * 4 + 2 * rows * 4
     bar_offset = (max(ring + conv + q, merge) + 15) // 16 * 16
@@ -78,6 +79,8 @@ def test_space_matches_the_template(space_file: Path):
         assert ("cp.async.bulk.tensor.3d" in src) == (p["LOAD_PATH"] == "tma")
         assert t["kCombineInKernel"] == str(p["COMBINE"] == "in_kernel").lower()
         assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
+        assert t["kConvertSingle"] == str(fp8 and p["DEQUANT"] == "shared_single").lower()
+        assert t["kKRaw"] == str(fp8 and p["DEQUANT"] in ("registers", "k_registers")).lower()
         assert t["kKeysM"] == str(p["MMA_ROWS"] == "keys").lower()
         assert "__launch_bounds__(Tr::kThreads, Tr::kMinBlocks)" in src and "#error" not in src.split("#include")[0]
         assert ("cp.async.bulk.shared::cluster" in src) and ("cp.async.cg.shared.global" in src)

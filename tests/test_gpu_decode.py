@@ -71,11 +71,13 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
 @pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128_paged", "decode_fp8kv_d64"])
 def test_keys_on_m_kernels_are_correct(name: str, build_cache: Path):
     """MMA_ROWS = keys (S^T = K Q^T, O^T = V^T P^T, P^T through movmatrix): the sampled genomes' genes with keys on
-    M (FP8 dequantized in shared memory) pass every check of the space (ragged lengths with NaN past them, G = 1
-    and 8, Sq 1 to 5, many splits; paged pages in random order, shared prefixes)."""
+    M (FP8 dequantized in registers, in shared memory with two buffers or with one) pass every check of the space
+    (ragged lengths with NaN past them, G = 1 and 8, Sq 1 to 5, many splits; paged pages in random order, shared
+    prefixes)."""
     space = load_space(SPACES_DIR / f"{name}.toml")
-    keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": "shared"} if "DEQUANT" in p else {})}
-            for p in (space.genome_to_params(g) for g in _picks(space))]
+    dequant = ("registers", "shared", "shared_single", "k_registers")
+    keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": dequant[i % 3]} if "DEQUANT" in p else {})}
+            for i, p in enumerate(space.genome_to_params(g) for g in _picks(space))]
     genomes = [q for q in {json.dumps(p, sort_keys=True): None for p in keys} if not space.violated(json.loads(q))]
     results = _evaluate(space, [json.loads(q) for q in genomes], build_cache)
     bad = [(c.params, m.status, m.reason) for c, m in results
@@ -97,9 +99,11 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
         'KV_DTYPE = "float8_e4m3"', f'KV_DTYPE = "{kv_dtype}"')
     if kv_dtype != "float8_e4m3":
         text = text.replace("\nfp16_max_abs_err = 0.06", "")
-        text = text.replace("  \"MMA_ROWS == 'queries' or DEQUANT == 'shared'\",\n", "")  # no DEQUANT without FP8
-        text = text.replace("(DEQUANT == 'shared')", "0").replace(
-            'DEQUANT = { values = ["registers", "shared"], ordered = false }', "")
+        text = text.replace("  \"MMA_ROWS == 'queries' or DEQUANT != 'registers'\",\n", "")  # no DEQUANT without FP8
+        text = text.replace("((DEQUANT == 'shared') * 2 + (DEQUANT == 'shared_single') + (DEQUANT == 'k_registers'))",
+                            "0").replace('DEQUANT = { values = ["registers", "shared", "shared_single", "k_registers"], '
+                                         'ordered = false }', "")
+        assert "DEQUANT =" not in text and "DEQUANT !=" not in text, "the space edit left a DEQUANT gene behind"
     (tmp_path / "bf16.toml").write_text(text)
     space = load_space(tmp_path / "bf16.toml")
     base = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 2,
@@ -107,7 +111,11 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
     genomes = [base, {**base, "LOAD_PATH": "cp_async", "M_TILES": 1, "COMBINE": "separate"}]
     if kv_dtype == "float8_e4m3":
         genomes = [{**g, "DEQUANT": d} for g in genomes for d in ("registers", "shared")]
-    genomes += [{**g, "MMA_ROWS": "keys"} for g in genomes if g.get("DEQUANT", "shared") == "shared"]  # bf16 P^T too
+    # keys on M: bf16 P^T, FP8 bytes to bf16 fragments; one conversion buffer (V over K, or V with K from bytes) on
+    # the shared genomes
+    single = {1: "shared_single", 3: "k_registers"}
+    genomes += [{**g, "MMA_ROWS": "keys", **({"DEQUANT": single[i]} if i in single and "DEQUANT" in g else {})}
+                for i, g in enumerate(genomes)]
     results = _evaluate(space, genomes, build_cache)
     bad = [(c.params, m.status, m.reason) for c, m in results if m.status != "ok"]
     assert not bad, bad
@@ -242,3 +250,36 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     big = task.make_inputs(shapes[1], 50)
     small = task.make_inputs(shapes[0], 51)
     assert_right_call_after_call(task, tma, big, small)
+
+
+@pytest.mark.parametrize("mma_rows", ["queries", "keys"])
+def test_one_conversion_buffer_gives_the_two_buffer_kernels_bits(mma_rows: str, build_cache: Path):
+    """DEQUANT = shared_single (V converted over K's fp16 rows once the scores are in registers) computes what
+    DEQUANT = shared computes, bit for bit: ragged lengths with NaN past them (V's tail rows zeroed in the one
+    buffer), a last slice shorter than a tile, many splits; right call after call and from graph replays."""
+    from evoengineer.tasks.decode import DecodeShape
+
+    space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
+    params = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
+              "Q_IN_REGISTERS": mma_rows == "keys", "SPLIT_WAVES": 1, "COMBINE": "separate", "FAST_EXP": True,
+              "MIN_BLOCKS": 1, "DEQUANT": "shared_single", "MMA_ROWS": mma_rows}
+    assert not space.violated(params), space.violated(params)
+    task, single = build_candidate(space, params, build_cache)
+    _, double = build_candidate(space, {**params, "DEQUANT": "shared"}, build_cache)
+    shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
+              DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),
+              DecodeShape("short", B=4, Hq=8, Hkv=8, Sk=40, seq_lens=(40, 3, 33, 17))]
+    atol, rtol = task.tolerance()
+    for i, shape in enumerate(shapes):
+        inputs = task.make_inputs(shape, 60 + i)
+        outs = []
+        for module in (single, double):
+            out = task.new_output(inputs)
+            task.launch(module, inputs, out)
+            outs.append(out)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[1]), (shape.name, float((outs[0].double() - outs[1].double()).abs().max()))
+        ref = task.reference(inputs)
+        assert torch.isfinite(outs[0]).all()
+        assert ((outs[0].double() - ref).abs() <= atol + rtol * ref.abs()).all(), shape.name
+    assert_right_call_after_call(task, single, task.make_inputs(shapes[1], 70), task.make_inputs(shapes[0], 71))
