@@ -78,6 +78,7 @@ def test_space_matches_the_template(space_file: Path):
         assert t["kTma"] == str(p["LOAD_PATH"] == "tma").lower()
         assert ("cp.async.bulk.tensor.3d" in src) == (p["LOAD_PATH"] == "tma")
         assert t["kCombineInKernel"] == str(p["COMBINE"] == "in_kernel").lower()
+        assert t["kCombineDependent"] == str(p["COMBINE"] == "dependent").lower()
         assert t["kDequantInRegisters"] == str(fp8 and p["DEQUANT"] == "registers").lower()
         assert t["kConvertSingle"] == str(fp8 and p["DEQUANT"] == "shared_single").lower()
         assert t["kKRaw"] == str(fp8 and p["DEQUANT"] in ("registers", "k_registers")).lower()

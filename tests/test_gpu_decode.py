@@ -121,7 +121,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
     assert not bad, bad
 
 
-@pytest.mark.parametrize("combine", ["in_kernel", "separate"])
+@pytest.mark.parametrize("combine", ["in_kernel", "separate", "dependent"])
 def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     """Split-KV partials and the in-kernel combine's counters live in a per-call workspace: the answer is right
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
@@ -206,6 +206,32 @@ def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: st
     assert_right_call_after_call(task, module, big, small)
 
 
+def _assert_same_bits(task, module, twin, seed: int):
+    """`module` and `twin` return the same bits, right ones (finite, within tolerance of the reference), on ragged
+    lengths 1 / Sk / mid-tile with NaN past them, Sk not a multiple of a slice, one head with many splits and short
+    sequences; then `module` is right call after call and from CUDA-graph replays."""
+    from evoengineer.tasks.decode import DecodeShape
+
+    shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
+              DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),
+              DecodeShape("short", B=4, Hq=8, Hkv=8, Sk=40, seq_lens=(40, 3, 33, 17))]
+    atol, rtol = task.tolerance()
+    for i, shape in enumerate(shapes):
+        inputs = task.make_inputs(shape, seed + i)
+        outs = []
+        for m in (module, twin):
+            out = task.new_output(inputs)
+            task.launch(m, inputs, out)
+            outs.append(out)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[1]), (shape.name, float((outs[0].double() - outs[1].double()).abs().max()))
+        ref = task.reference(inputs)
+        assert torch.isfinite(outs[0]).all()
+        assert ((outs[0].double() - ref).abs() <= atol + rtol * ref.abs()).all(), shape.name
+    assert_right_call_after_call(task, module, task.make_inputs(shapes[1], seed + 10),
+                                 task.make_inputs(shapes[0], seed + 11))
+
+
 @pytest.mark.parametrize("name,q_dtype,dequant", [("decode_fp16_d128", "float16", None),
                                                    ("decode_fp16_d128", "bfloat16", None),
                                                    ("decode_fp8kv_d128", "float16", "registers"),
@@ -217,8 +243,6 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     with the same genes returns: ragged lengths 1 / Sk / mid-tile with NaN past them (a box brings those rows in),
     Sk not a multiple of a slice (rows past Sk read as zeros, not the next head's), one head and many splits; right
     call after call and from CUDA-graph replays."""
-    from evoengineer.tasks.decode import DecodeShape
-
     text = (SPACES_DIR / f"{name}.toml").read_text().replace('Q_DTYPE = "float16"', f'Q_DTYPE = "{q_dtype}"')
     if "fp8" not in name:
         text = text.replace('KV_DTYPE = "float16"', f'KV_DTYPE = "{q_dtype}"')
@@ -231,25 +255,7 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     assert not space.violated(params), space.violated(params)
     task, tma = build_candidate(space, params, build_cache)
     _, cp = build_candidate(space, {**params, "LOAD_PATH": "cp_async"}, build_cache)
-    shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
-              DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),
-              DecodeShape("short", B=4, Hq=8, Hkv=8, Sk=40, seq_lens=(40, 3, 33, 17))]
-    atol, rtol = task.tolerance()
-    for i, shape in enumerate(shapes):
-        inputs = task.make_inputs(shape, 40 + i)
-        outs = []
-        for module in (tma, cp):
-            out = task.new_output(inputs)
-            task.launch(module, inputs, out)
-            outs.append(out)
-        torch.cuda.synchronize()
-        assert torch.equal(outs[0], outs[1]), (shape.name, float((outs[0].double() - outs[1].double()).abs().max()))
-        ref = task.reference(inputs)
-        assert torch.isfinite(outs[0]).all()
-        assert ((outs[0].double() - ref).abs() <= atol + rtol * ref.abs()).all(), shape.name
-    big = task.make_inputs(shapes[1], 50)
-    small = task.make_inputs(shapes[0], 51)
-    assert_right_call_after_call(task, tma, big, small)
+    _assert_same_bits(task, tma, cp, seed=40)
 
 
 @pytest.mark.parametrize("mma_rows", ["queries", "keys"])
@@ -257,29 +263,12 @@ def test_one_conversion_buffer_gives_the_two_buffer_kernels_bits(mma_rows: str, 
     """DEQUANT = shared_single (V converted over K's fp16 rows once the scores are in registers) computes what
     DEQUANT = shared computes, bit for bit: ragged lengths with NaN past them (V's tail rows zeroed in the one
     buffer), a last slice shorter than a tile, many splits; right call after call and from graph replays."""
-    from evoengineer.tasks.decode import DecodeShape
-
     space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
     params = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
-              "Q_IN_REGISTERS": mma_rows == "keys", "SPLIT_WAVES": 1, "COMBINE": "separate", "FAST_EXP": True,
+              "Q_IN_REGISTERS": mma_rows == "keys", "SPLIT_WAVES": 1,
+              "COMBINE": "separate" if mma_rows == "queries" else "dependent", "FAST_EXP": True,
               "MIN_BLOCKS": 1, "DEQUANT": "shared_single", "MMA_ROWS": mma_rows}
     assert not space.violated(params), space.violated(params)
     task, single = build_candidate(space, params, build_cache)
     _, double = build_candidate(space, {**params, "DEQUANT": "shared"}, build_cache)
-    shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
-              DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),
-              DecodeShape("short", B=4, Hq=8, Hkv=8, Sk=40, seq_lens=(40, 3, 33, 17))]
-    atol, rtol = task.tolerance()
-    for i, shape in enumerate(shapes):
-        inputs = task.make_inputs(shape, 60 + i)
-        outs = []
-        for module in (single, double):
-            out = task.new_output(inputs)
-            task.launch(module, inputs, out)
-            outs.append(out)
-        torch.cuda.synchronize()
-        assert torch.equal(outs[0], outs[1]), (shape.name, float((outs[0].double() - outs[1].double()).abs().max()))
-        ref = task.reference(inputs)
-        assert torch.isfinite(outs[0]).all()
-        assert ((outs[0].double() - ref).abs() <= atol + rtol * ref.abs()).all(), shape.name
-    assert_right_call_after_call(task, single, task.make_inputs(shapes[1], 70), task.make_inputs(shapes[0], 71))
+    _assert_same_bits(task, single, double, seed=60)

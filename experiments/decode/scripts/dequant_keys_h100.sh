@@ -3,9 +3,7 @@
 # for 4 and 6 CTAs of 4 warps, separate combine, 128-key tiles, 3 stages), every shape, one process; then ncu of
 # k_registers beside shared_single at the decode shape. Logs under $OUT.
 #   bash experiments/decode/scripts/dequant_keys_h100.sh
-source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34/dequant_keys}
-mkdir -p "$dest"
+source experiments/decode/scripts/bench_lib.sh results/issue34/dequant_keys || exit 1
 ga='"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1,
     "FAST_EXP": true, "MMA_ROWS": "keys", "Q_IN_REGISTERS": false'
 k() { args+=(--kernel "$1=decode_fp8kv_d128:{$2}"); }
@@ -19,17 +17,8 @@ k kreg_bn128_mb2_sep "${ga/\"BLOCK_N\": 64/\"BLOCK_N\": 128}, \"COMBINE\": \"sep
 k kreg_st3_mb4_sep "${ga/\"STAGES\": 2/\"STAGES\": 3}, \"COMBINE\": \"separate\", \"MIN_BLOCKS\": 4, \"DEQUANT\": \"k_registers\""
 k reg_bn128_mb2_sep "${ga/\"BLOCK_N\": 64/\"BLOCK_N\": 128}, \"COMBINE\": \"separate\", \"MIN_BLOCKS\": 2, \"DEQUANT\": \"registers\""
 k single_bn128_mb2_sep "${ga/\"BLOCK_N\": 64/\"BLOCK_N\": 128}, \"COMBINE\": \"separate\", \"MIN_BLOCKS\": 2, \"DEQUANT\": \"shared_single\""
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_dequant_keys.txt"
-timeout -k 10 ${BENCH_TIMEOUT:-420} python3 experiments/decode/benchmark.py "${args[@]}" \
-  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_dequant_keys_h100.json" \
-  --md "$dest/benchmark_dequant_keys_h100.md" > "$dest/benchmark_dequant_keys_h100.log" 2>&1
-echo "bench rc $?"; tail -9 "$dest/benchmark_dequant_keys_h100.log"
+decode_bench dequant_keys "${args[@]}"
 [ -n "$NO_NCU" ] && exit 0
-sections="--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-  --section MemoryWorkloadAnalysis --section InstructionStats"
 prof=(--kernel "kreg_mb6=decode_fp8kv_d128:{$ga, \"COMBINE\": \"in_kernel\", \"MIN_BLOCKS\": 6, \"DEQUANT\": \"k_registers\"}"
       --kernel "single_mb6=decode_fp8kv_d128:{$ga, \"COMBINE\": \"in_kernel\", \"MIN_BLOCKS\": 6, \"DEQUANT\": \"shared_single\"}")
-timeout -k 5 120 ncu --profile-from-start off --nvtx $sections --print-summary none \
-  python3 experiments/decode/profile.py "${prof[@]}" --shape 8,32,8,1,8192,128 \
-  --cache-dir "$EVOENGINEER_CACHE" > "$dest/dequant_keys_ncu_8_32_8_1_8192_128.txt" 2>&1
-echo "ncu rc $?"
+decode_ncu dequant_keys 8,32,8,1,8192,128 "${prof[@]}"

@@ -3,9 +3,7 @@
 # MIN_BLOCKS 2): tile width, warps, split waves, Q in registers, combine, registers / shared_single dequant;
 # every shape, one process. Logs under $OUT.
 #   bash experiments/decode/scripts/kreg_sweep_h100.sh
-source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34/kreg_sweep}
-mkdir -p "$dest"
+source experiments/decode/scripts/bench_lib.sh results/issue34/kreg_sweep || exit 1
 base='"LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "FAST_EXP": true, "MMA_ROWS": "keys", "STAGES": 2'
 k() { args+=(--kernel "$1=decode_fp8kv_d128:{$base, $2}"); }
 args=()
@@ -22,8 +20,4 @@ k kreg_w2_mb4 "${best/\"BLOCK_N\": 128, \"NUM_WARPS\": 4, \"SPLIT_WAVES\": 1, \"
 k kreg_bn256 "${best/\"BLOCK_N\": 128/\"BLOCK_N\": 256}, \"DEQUANT\": \"k_registers\""
 k reg_qreg "${best/\"Q_IN_REGISTERS\": false/\"Q_IN_REGISTERS\": true}, \"DEQUANT\": \"registers\""
 k reg_w2 "${best/\"BLOCK_N\": 128, \"NUM_WARPS\": 4/\"BLOCK_N\": 64, \"NUM_WARPS\": 2}, \"DEQUANT\": \"registers\""
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_kreg_sweep.txt"
-timeout -k 10 ${BENCH_TIMEOUT:-480} python3 experiments/decode/benchmark.py "${args[@]}" \
-  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_kreg_sweep_h100.json" \
-  --md "$dest/benchmark_kreg_sweep_h100.md" > "$dest/benchmark_kreg_sweep_h100.log" 2>&1
-echo "bench rc $?"; tail -9 "$dest/benchmark_kreg_sweep_h100.log"
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-480} decode_bench kreg_sweep "${args[@]}"

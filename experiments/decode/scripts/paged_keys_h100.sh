@@ -3,18 +3,12 @@
 # process; then a GA search of decode_fp8kv_d128 with the new DEQUANT values and register caps (BUDGET, seed 0).
 # Logs under $OUT.
 #   bash experiments/decode/scripts/paged_keys_h100.sh [BUDGET]
-source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34/paged_keys}
-mkdir -p "$dest"
+source experiments/decode/scripts/bench_lib.sh results/issue34/paged_keys || exit 1
 keys='"LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "FAST_EXP": true, "MMA_ROWS": "keys", "STAGES": 2,
-      "SPLIT_WAVES": 1, "Q_IN_REGISTERS": false, "COMBINE": "separate", "BLOCK_N": 128, "NUM_WARPS": 4'
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_paged_keys.txt"
-timeout -k 10 ${BENCH_TIMEOUT:-240} python3 experiments/decode/benchmark.py --paged 16,64 \
+      "SPLIT_WAVES": 1, "Q_IN_REGISTERS": false, "COMBINE": "dependent", "BLOCK_N": 128, "NUM_WARPS": 4'
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240} decode_bench paged_keys --paged 16,64 \
   --kernel "f8_kreg=decode_fp8kv_d128:{$keys, \"MIN_BLOCKS\": 2, \"DEQUANT\": \"k_registers\"}" \
   --kernel "f8_reg=decode_fp8kv_d128:{$keys, \"MIN_BLOCKS\": 2, \"DEQUANT\": \"registers\"}" \
-  --kernel "h_tma_keys=decode_fp16_d128:{$keys, \"MIN_BLOCKS\": 1}" \
-  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_paged_keys_h100.json" \
-  --md "$dest/benchmark_paged_keys_h100.md" > "$dest/benchmark_paged_keys_h100.log" 2>&1
-echo "bench rc $?"; tail -9 "$dest/benchmark_paged_keys_h100.log"
+  --kernel "h_tma_keys=decode_fp16_d128:{$keys, \"MIN_BLOCKS\": 1}"
 [ -z "$1" ] && exit 0
 OUT=$dest SEARCH_TIMEOUT=${SEARCH_TIMEOUT:-330} bash experiments/decode/scripts/searches.sh "$1" decode_fp8kv_d128

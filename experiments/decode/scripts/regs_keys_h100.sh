@@ -3,9 +3,7 @@
 # 80% busy in results/issue34/single) against the shared-memory dequantizations, at register caps for 4 to 6
 # CTAs of 4 warps; every shape, one process; then ncu of the best of each. Logs under $OUT.
 #   bash experiments/decode/scripts/regs_keys_h100.sh
-source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34/regs_keys}
-mkdir -p "$dest"
+source experiments/decode/scripts/bench_lib.sh results/issue34/regs_keys || exit 1
 ga='"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1,
     "FAST_EXP": true, "MMA_ROWS": "keys"'
 k() { args+=(--kernel "$1=decode_fp8kv_d128:{$2}"); }
@@ -20,19 +18,8 @@ k reg_qreg_mb4 "$ga, \"COMBINE\": \"separate\", \"Q_IN_REGISTERS\": true, \"MIN_
 k reg_st3_mb4 "${ga/\"STAGES\": 2/\"STAGES\": 3}, \"COMBINE\": \"separate\", \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 4, \"DEQUANT\": \"registers\""
 k reg_bn128_mb2 "${ga/\"BLOCK_N\": 64/\"BLOCK_N\": 128}, \"COMBINE\": \"separate\", \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 2, \"DEQUANT\": \"registers\""
 k reg_w2_mb12 "${ga/\"NUM_WARPS\": 4/\"NUM_WARPS\": 2}, \"COMBINE\": \"separate\", \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 12, \"DEQUANT\": \"registers\""
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_regs_keys.txt"
-timeout -k 10 ${BENCH_TIMEOUT:-420} python3 experiments/decode/benchmark.py "${args[@]}" \
-  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_regs_keys_h100.json" --md "$dest/benchmark_regs_keys_h100.md" \
-  > "$dest/benchmark_regs_keys_h100.log" 2>&1
-echo "bench rc $?"; tail -9 "$dest/benchmark_regs_keys_h100.log"
+decode_bench regs_keys "${args[@]}"
 [ -n "$NO_NCU" ] && exit 0
-sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-  --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats"
 prof=(--kernel "reg_mb6=decode_fp8kv_d128:{$ga, \"COMBINE\": \"in_kernel\", \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 6, \"DEQUANT\": \"registers\"}"
       --kernel "single_mb6=decode_fp8kv_d128:{$ga, \"COMBINE\": \"in_kernel\", \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 6, \"DEQUANT\": \"shared_single\"}")
-for shape in 8,32,8,1,8192,128; do
-  timeout -k 5 120 ncu --profile-from-start off --nvtx $sections --print-summary none \
-    python3 experiments/decode/profile.py "${prof[@]}" --shape $shape \
-    --cache-dir "$EVOENGINEER_CACHE" > "$dest/regs_keys_ncu_${shape//,/_}.txt" 2>&1
-  echo "ncu $shape rc $?"
-done
+decode_ncu regs_keys 8,32,8,1,8192,128 "${prof[@]}"

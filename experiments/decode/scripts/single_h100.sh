@@ -4,9 +4,7 @@
 # occupancy and warp states of the two-buffer GA elite and the best one-buffer genes at the decode shape and the
 # long sequence. Logs under $OUT.
 #   bash experiments/decode/scripts/single_h100.sh
-source experiments/scripts/device_env.sh || exit 1
-dest=${OUT:-experiments/decode/results/issue34/single}
-mkdir -p "$dest"
+source experiments/decode/scripts/bench_lib.sh results/issue34/single || exit 1
 # the keys GA elite (results/issue34/keys/elite_ga_keys_decode_fp8kv_d128.json, rank 1) and its variations
 ga='"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "SPLIT_WAVES": 1,
     "COMBINE": "in_kernel", "FAST_EXP": true, "MMA_ROWS": "keys"'
@@ -21,19 +19,8 @@ k ga_single_mb6_qreg "$ga, \"Q_IN_REGISTERS\": true, \"MIN_BLOCKS\": 6, \"DEQUAN
 k ga_single_mb6_sep "${ga/in_kernel/separate}, \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 6, \"DEQUANT\": \"shared_single\""
 k w2_shared_mb8 "$two, \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 8, \"DEQUANT\": \"shared\""
 k w2_single_mb12 "$two, \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 12, \"DEQUANT\": \"shared_single\""
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$dest/gpu_single.txt"
-timeout -k 10 ${BENCH_TIMEOUT:-420} python3 experiments/decode/benchmark.py "${args[@]}" \
-  --cache-dir "$EVOENGINEER_CACHE" --json "$dest/benchmark_single_h100.json" --md "$dest/benchmark_single_h100.md" \
-  > "$dest/benchmark_single_h100.log" 2>&1
-echo "bench rc $?"; tail -9 "$dest/benchmark_single_h100.log"
+decode_bench single "${args[@]}"
 [ -n "$NO_NCU" ] && exit 0
-sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-  --section SchedulerStats --section MemoryWorkloadAnalysis"
 prof=(--kernel "ga_shared=decode_fp8kv_d128:{$ga, \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 1, \"DEQUANT\": \"shared\"}"
       --kernel "ga_single_mb6=decode_fp8kv_d128:{$ga, \"Q_IN_REGISTERS\": false, \"MIN_BLOCKS\": 6, \"DEQUANT\": \"shared_single\"}")
-for shape in 8,32,8,1,8192,128 1,32,8,1,32768,128; do
-  timeout -k 5 120 ncu --profile-from-start off --nvtx $sections --print-summary none \
-    python3 experiments/decode/profile.py "${prof[@]}" --shape $shape \
-    --cache-dir "$EVOENGINEER_CACHE" > "$dest/single_ncu_${shape//,/_}.txt" 2>&1
-  echo "ncu $shape rc $?"
-done
+for shape in 8,32,8,1,8192,128 1,32,8,1,32768,128; do decode_ncu single $shape "${prof[@]}"; done
