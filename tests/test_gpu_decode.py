@@ -71,12 +71,12 @@ def test_sampled_genomes_are_correct(space_file: Path, build_cache: Path):
 @pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128_paged", "decode_fp8kv_d64"])
 def test_keys_on_m_kernels_are_correct(name: str, build_cache: Path):
     """MMA_ROWS = keys (S^T = K Q^T, O^T = V^T P^T, P^T through movmatrix): the sampled genomes' genes with keys on
-    M (FP8 dequantized in registers, in shared memory with two buffers or with one) pass every check of the space
-    (ragged lengths with NaN past them, G = 1 and 8, Sq 1 to 5, many splits; paged pages in random order, shared
-    prefixes)."""
+    M (FP8 dequantized in registers, in shared memory with two buffers or one, or K in registers and V in shared
+    memory, in turn) pass every check of the space (ragged lengths with NaN past them, G = 1 and 8, Sq 1 to 5, many
+    splits; paged pages in random order, shared prefixes)."""
     space = load_space(SPACES_DIR / f"{name}.toml")
     dequant = ("registers", "shared", "shared_single", "k_registers")
-    keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": dequant[i % 3]} if "DEQUANT" in p else {})}
+    keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": dequant[i % len(dequant)]} if "DEQUANT" in p else {})}
             for i, p in enumerate(space.genome_to_params(g) for g in _picks(space))]
     genomes = [q for q in {json.dumps(p, sort_keys=True): None for p in keys} if not space.violated(json.loads(q))]
     results = _evaluate(space, [json.loads(q) for q in genomes], build_cache)
