@@ -167,8 +167,7 @@ def _environment(template_dir: str) -> jinja2.Environment:
 def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environment | None = None) -> str:
     """Render the space's template for `params` (validated first) plus the signature constants.
     `env` (default: one loading from the template's folder) is where the template is looked up. Missing genes that
-    declare a default take it."""
-    params = space.with_defaults(params)
+    declare a default take it (check_params and normalize_params fill them)."""
     space.check_params(params)
     params = normalize_params(space, params)
     path: Path = space.template_path
@@ -218,8 +217,7 @@ class CandidateFactory:
         self._env = _new_environment(jinja2.ChoiceLoader([snapshot, fallback]), auto_reload=False)
 
     def make(self, params: dict[str, Any]) -> Candidate:
-        params = self.space.with_defaults(params)  # a genome recorded before a defaulted gene existed
-        source = render(self.space, params, env=self._env)
+        source = render(self.space, params, env=self._env)  # (a gene missing from an old genome: its default)
         s = self.space
         params = normalize_params(s, params)
         return Candidate(space_name=s.name, params=params, hash=candidate_hash(s, params, self.template_sha),
