@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from conftest import assert_right_call_after_call, build_candidate  # noqa: E402
+from conftest import assert_right, assert_right_call_after_call, build_candidate  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -121,7 +121,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
     assert not bad, bad
 
 
-@pytest.mark.parametrize("combine", ["in_kernel", "separate", "dependent"])
+@pytest.mark.parametrize("combine", ["in_kernel", "separate", "dependent", "cluster"])
 def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     """Split-KV partials and the in-kernel combine's counters live in a per-call workspace: the answer is right
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
@@ -136,6 +136,41 @@ def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     big = task.make_inputs(DecodeShape("big", B=2, Hq=16, Hkv=2, Sq=3, Sk=9000, seq_lens=(9000, 4097)), 21)
     small = task.make_inputs(DecodeShape("small", B=3, Hq=8, Hkv=8, Sk=300, seq_lens=(1, 300, 129)), 22)
     assert_right_call_after_call(task, module, big, small)
+
+
+@pytest.mark.parametrize("name", ["decode_fp16_d128", "decode_fp8kv_d128_paged"])
+def test_cluster_combine_where_the_clusters_fit(name: str, build_cache: Path):
+    """COMBINE = cluster: a launch whose groups' splits the device holds as clusters (4 splits of 2 groups) reduces
+    them in shared memory and launches no combine kernel; one with more splits than a cluster holds (64) falls back
+    to the combine kernel. Both right on ragged lengths (ranks without keys in the cluster), call after call and from
+    CUDA graphs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from evoengineer.tasks.decode import DecodeShape
+
+    space = load_space(SPACES_DIR / f"{name}.toml")
+    params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
+              "Q_IN_REGISTERS": False, "SPLIT_WAVES": 1, "COMBINE": "cluster", "FAST_EXP": True, "MIN_BLOCKS": 1,
+              "MMA_ROWS": "keys", **({"DEQUANT": "k_registers"} if "DEQUANT" in space.names else {})}
+    assert not space.violated(params)
+    task, module = build_candidate(space, params, build_cache)
+    page = {"page_size": 64} if "paged" in name else {}
+    fits = task.make_inputs(DecodeShape("fits", B=2, Hq=8, Hkv=1, Sk=512, seq_lens=(512, 130), **page), 31)
+    falls_back = task.make_inputs(DecodeShape("falls_back", B=1, Hq=16, Hkv=2, Sq=2, Sk=8192, **page), 32)
+    for inputs, combine_kernels in ((fits, 0), (falls_back, 1)):
+        out = task.new_output(inputs)
+        task.launch(module, inputs, out)  # first call: the cluster occupancy queries, outside the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out.fill_(float("nan"))
+            task.launch(module, inputs, out)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        assert sum("decode_kernel" in n for n in names) == 1, names
+        assert sum("combine_kernel" in n for n in names) == combine_kernels, names
+        assert_right(task, inputs, out)
+    assert_right_call_after_call(task, module, falls_back, fits)
+    assert_right_call_after_call(task, module, fits, falls_back)
 
 
 def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
