@@ -214,10 +214,29 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """--shapes: "all", "decode" or B,Hq,Hkv,Sq,Sk,D tuples separated by ';'."""
+    if text in ("all", "decode"):
+        return SHAPES[:1] if text == "decode" else SHAPES
+    shapes = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        try:
+            dims = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            dims = ()
+        if len(dims) not in (5, 6) or min(dims) < 1:
+            raise SystemExit(f"--shapes {item!r}: expected B,Hq,Hkv,Sq,Sk,D (positive integers)")
+        shapes.append(dims if len(dims) == 6 else dims[:3] + (1,) + dims[3:])
+    if not shapes:
+        raise SystemExit(f"--shapes {text!r}: no shape")
+    return shapes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", required=True, help="LABEL=elite.json or LABEL='SPACE:{params}'")
-    ap.add_argument("--shapes", choices=["all", "decode"], default="all")
+    ap.add_argument("--shapes", default="all",
+                    help="all (the issue's table), decode (its first row) or 'B,Hq,Hkv,Sq,Sk,D;...' (Sq = 1 may be left out)")
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
@@ -229,6 +248,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     a.page_sizes = [int(x) for x in a.paged.split(",") if x]
+    shapes = parse_shapes(a.shapes)
     kernels = [parse_kernel(k) for k in a.kernel]
     if a.page_sizes:
         kernels += paged_twins(kernels)
@@ -237,7 +257,7 @@ def main() -> int:
     built = build_all(kernels, Path(a.cache_dir).absolute())
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "read_bandwidth": read_bandwidth(a),
            "graph_calls": a.graph_calls, "repeats": a.repeats, "rows": []}
-    for dims in SHAPES[:1] if a.shapes == "decode" else SHAPES:
+    for dims in shapes:
         doc["rows"].append(bench_shape(dims, built, a))
         print(json.dumps(doc["rows"][-1]), flush=True)
     text = markdown(doc)

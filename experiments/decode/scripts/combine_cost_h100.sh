@@ -1,8 +1,10 @@
 # On the GPU host, from the repository root (issue 34): what the split-KV combine costs. The fastest FP8 and fp16
 # kernels with each COMBINE value, and the same genes built from a copy of the template whose launcher never launches
 # the separate combine (label *_nocombine: wrong outputs, the split kernel's time alone); then how fast torch reads
-# the same byte counts once (stream_bound.py). One process per table. Logs under $OUT.
+# the same byte counts once (stream_bound.py). One process per table. Logs under $OUT. With SHAPES (benchmark.py's
+# --shapes) and NAME: those shapes only, table NAME, no stream bound.
 #   bash experiments/decode/scripts/combine_cost_h100.sh
+#   SHAPES='1,32,8,131072,128;8,32,8,16384,128' NAME=same_work bash experiments/decode/scripts/combine_cost_h100.sh
 source experiments/decode/scripts/bench_lib.sh results/issue34/combine_cost || exit 1
 c=$(mktemp -d)
 sed -e 's|{% include "common/|{% include "cuda/common/|' \
@@ -23,6 +25,7 @@ for cb in separate dependent in_kernel; do
 done
 args+=(--kernel "f8_nocombine=$c/decode_fp8kv_d128_nocombine.toml:{$f8, \"COMBINE\": \"separate\"}"
        --kernel "h_nocombine=$c/decode_fp16_d128_nocombine.toml:{$h, \"COMBINE\": \"separate\"}")
-decode_bench combine_cost "${args[@]}"
+decode_bench "${NAME:-combine_cost}" "${args[@]}" ${SHAPES:+--shapes "$SHAPES"}
+[ -n "$SHAPES" ] && exit 0
 python3 experiments/decode/stream_bound.py > "$dest/stream_bound_h100.md" 2>&1
 echo "stream rc $?"; cat "$dest/stream_bound_h100.md"
