@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from evoengineer.tasks.decode import DecodeShape  # noqa: E402
+from evoengineer.tasks.decode import DecodeShape, reference  # noqa: E402
 from experiments.decode.benchmark import build_all, parse_kernel, parse_shapes  # noqa: E402
 from experiments.gpu_timing import graph_us  # noqa: E402
 
@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--cache-dir", default=str(ROOT / ".evo_cache"))
+    ap.add_argument("--references", action="store_true",
+                    help="as benchmark.py does, compute the float64 reference (and FP8's fp16 attention) before timing")
     a = ap.parse_args()
     built = build_all([parse_kernel(f"k{i}={k}") for i, k in enumerate(a.kernel)], Path(a.cache_dir).absolute())
     print("| kernel | shape | alone | graph of 1 | graph of N | N eager |")
@@ -55,6 +57,12 @@ def main() -> int:
             out = task.new_output(inputs)
             fn = lambda: task.launch(module, inputs, out)  # noqa: E731
             fn()
+            if a.references:
+                ref = reference(inputs)
+                if task.fp8:
+                    ref16 = task.fp16_attention(inputs)
+                    del ref16
+                del ref
             t = [events_us(fn, 1, a.repeats), graph_us(fn, 1, a.repeats), graph_us(fn, a.calls, a.repeats),
                  events_us(fn, a.calls, a.repeats)]
             print(f"| {label} {space.name} {params} | {(B, Hq, Hkv, Sq, Sk)} | " + " | ".join(f"{x:.1f}" for x in t)
