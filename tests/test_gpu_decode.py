@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from conftest import assert_right, assert_right_call_after_call, build_candidate  # noqa: E402
+from conftest import assert_right, assert_right_call_after_call, build_candidate, build_result  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
@@ -171,6 +171,30 @@ def test_cluster_combine_where_the_clusters_fit(name: str, build_cache: Path):
         assert_right(task, inputs, out)
     assert_right_call_after_call(task, module, falls_back, fits)
     assert_right_call_after_call(task, module, fits, falls_back)
+
+
+def test_cluster_combine_is_sanitizer_clean(tmp_path: Path, build_cache: Path):
+    """memcheck, racecheck and synccheck find nothing in a cluster-combine kernel (peers' shared memory read after
+    the cluster barrier, held until the second), run as the search's certification runs a candidate: on a space
+    whose smallest checked shape is one where the clusters fit (2 groups of 4 splits, one sequence shorter than a
+    split) and hold no partials in global memory."""
+    from evoengineer.evaluators.sanitizer import certify, find_tool
+
+    if find_tool() is None:
+        pytest.skip("compute-sanitizer not found")
+    text = (SPACES_DIR / "decode_fp8kv_d128.toml").read_text()
+    small = '[[shapes]]\nname = "clusters"\nB = 2\nHq = 8\nHkv = 1\nSk = 512\nseq_lens = [512, 100]\nfresh = true\n\n'
+    first = text.index("[[shapes]]")
+    (tmp_path / "cluster.toml").write_text(text[:first] + small + text[first:])
+    space = load_space(tmp_path / "cluster.toml")
+    params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
+              "Q_IN_REGISTERS": False, "SPLIT_WAVES": 1, "COMBINE": "cluster", "FAST_EXP": True, "MIN_BLOCKS": 2,
+              "MMA_ROWS": "keys", "DEQUANT": "k_registers"}
+    assert not space.violated(params)
+    _, cand, r = build_result(space, params, build_cache)
+    verdict = certify([{"hash": cand.hash, "so": r.so, "module": r.module}], space_text=space.text,
+                      space_path=str(space.path), tools=["memcheck", "racecheck", "synccheck"], timeout_s=120)[cand.hash]
+    assert verdict["status"] == "clean", verdict["reason"]
 
 
 def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
