@@ -193,7 +193,8 @@ def test_cluster_combine_is_sanitizer_clean(tmp_path: Path, build_cache: Path):
     assert not space.violated(params)
     _, cand, r = build_result(space, params, build_cache)
     verdict = certify([{"hash": cand.hash, "so": r.so, "module": r.module}], space_text=space.text,
-                      space_path=str(space.path), tools=["memcheck", "racecheck", "synccheck"], timeout_s=120)[cand.hash]
+                      space_path=str(space.path), tools=["memcheck", "racecheck", "synccheck"],
+                      timeout_s=120)[cand.hash]
     assert verdict["status"] == "clean", verdict["reason"]
 
 

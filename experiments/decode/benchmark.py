@@ -236,7 +236,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", required=True, help="LABEL=elite.json or LABEL='SPACE:{params}'")
     ap.add_argument("--shapes", default="all",
-                    help="all (the issue's table), decode (its first row) or 'B,Hq,Hkv,Sq,Sk,D;...' (Sq = 1 may be left out)")
+                    help="all (the issue's table), decode (its first row) or 'B,Hq,Hkv,Sq,Sk,D;...' "
+                         "(Sq = 1 may be left out)")
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)

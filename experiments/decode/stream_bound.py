@@ -34,7 +34,8 @@ def main() -> int:
             nbytes = 2 * b * hkv * sk * d * elem
             x = torch.randn(nbytes // 2, device="cuda", dtype=torch.float16)
             us = graph_us(lambda: torch.amax(x), args.calls, args.repeats)
-            print(f"| {(b, _hq, hkv, _sq, sk, d)} | {name} | {nbytes / 1e6:.1f} MB | {us:.1f} | {nbytes / us / 1e3:.0f} |")
+            print(f"| {(b, _hq, hkv, _sq, sk, d)} | {name} | {nbytes / 1e6:.1f} MB | {us:.1f} "
+                  f"| {nbytes / us / 1e3:.0f} |")
             del x
     return 0
 
