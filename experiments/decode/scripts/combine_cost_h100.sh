@@ -6,15 +6,12 @@
 #   bash experiments/decode/scripts/combine_cost_h100.sh
 #   SHAPES='1,32,8,131072,128;8,32,8,16384,128' NAME=same_work bash experiments/decode/scripts/combine_cost_h100.sh
 source experiments/decode/scripts/bench_lib.sh results/issue34/combine_cost || exit 1
+source experiments/decode/scripts/template_before.sh
 c=$(mktemp -d)
-sed -e 's|{% include "common/|{% include "cuda/common/|' \
-    -e 's|if (splits > 1 \&\& !Tr::kCombineInKernel \&\& !Tr::kCombineCluster) {|if (false) {|' templates/cuda/decode.cu.j2 > "$c/decode_nocombine.cu.j2"
+sed -e 's|if (splits > 1 \&\& !Tr::kCombineInKernel \&\& !cluster) {|if (false) {|' templates/cuda/decode.cu.j2 \
+  > "$c/decode_nocombine.cu.j2"
 grep -c 'if (false) {' "$c/decode_nocombine.cu.j2"
-for sp in decode_fp16_d128 decode_fp8kv_d128; do
-  sed -e "s/^name = \"$sp\"/name = \"${sp}_nocombine\"/" \
-      -e "s|^template = \"cuda/decode.cu.j2\"|template = \"decode_nocombine.cu.j2\"|" "search_spaces/$sp.toml" \
-      > "$c/${sp}_nocombine.toml"
-done
+template_spaces nocombine
 keys='"LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "FAST_EXP": true, "MMA_ROWS": "keys", "STAGES": 2,
       "SPLIT_WAVES": 1, "Q_IN_REGISTERS": false, "BLOCK_N": 128, "NUM_WARPS": 4'
 f8="$keys, \"MIN_BLOCKS\": 2, \"DEQUANT\": \"k_registers\""

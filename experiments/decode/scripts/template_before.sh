@@ -4,6 +4,17 @@
 # tree): PATCH applied to today's template (PATCH turns the template of the commit that last wrote it into COMMIT's:
 # remade with `diff -u templates/cuda/decode.cu.j2 <(git show COMMIT:templates/cuda/decode.cu.j2)` when the
 # template changes).
+# template_spaces SUFFIX: for a template variant already at $c/decode_SUFFIX.cu.j2, points its includes at the
+# shipped common/ folder and writes the two d128 spaces that use it (as above).
+template_spaces() {
+  local suffix=$1 sp
+  sed -i 's|{% include "common/|{% include "cuda/common/|' "$c/decode_$suffix.cu.j2"
+  for sp in decode_fp16_d128 decode_fp8kv_d128; do
+    sed -e "s/^name = \"$sp\"/name = \"${sp}_$suffix\"/" \
+        -e "s|^template = \"cuda/decode.cu.j2\"|template = \"decode_$suffix.cu.j2\"|" "search_spaces/$sp.toml" \
+        > "$c/${sp}_$suffix.toml"
+  done
+}
 template_before() {
   local commit=$1 patch=$2 suffix=$3 t
   c=$(mktemp -d)
@@ -14,10 +25,5 @@ template_before() {
     cp templates/cuda/decode.cu.j2 "$t"
     patch -s "$t" "$patch" || return 1
   fi
-  sed -i 's|{% include "common/|{% include "cuda/common/|' "$t"
-  for sp in decode_fp16_d128 decode_fp8kv_d128; do
-    sed -e "s/^name = \"$sp\"/name = \"${sp}_$suffix\"/" \
-        -e "s|^template = \"cuda/decode.cu.j2\"|template = \"decode_$suffix.cu.j2\"|" "search_spaces/$sp.toml" \
-        > "$c/${sp}_$suffix.toml"
-  done
+  template_spaces "$suffix"
 }
