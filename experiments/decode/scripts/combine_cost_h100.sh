@@ -10,7 +10,7 @@ source experiments/decode/scripts/template_before.sh
 c=$(mktemp -d)
 sed -e 's|if (splits > 1 \&\& !Tr::kCombineInKernel \&\& !cluster) {|if (false) {|' templates/cuda/decode.cu.j2 \
   > "$c/decode_nocombine.cu.j2"
-grep -c 'if (false) {' "$c/decode_nocombine.cu.j2"
+grep -q 'if (false) {' "$c/decode_nocombine.cu.j2" || { echo "the combine launch line changed: no copy made"; exit 1; }
 template_spaces nocombine
 keys='"LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1, "FAST_EXP": true, "MMA_ROWS": "keys", "STAGES": 2,
       "SPLIT_WAVES": 1, "Q_IN_REGISTERS": false, "BLOCK_N": 128, "NUM_WARPS": 4'
