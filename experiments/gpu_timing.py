@@ -9,8 +9,11 @@ import time
 import torch
 
 
-def graph_us(fn, calls: int, repeats: int) -> float:
-    """Per-call microseconds: a CUDA graph of `calls` back-to-back calls of fn, median over `repeats` replays."""
+def graph_us(fn, calls: int, repeats: int, settle_s: float = 0.2) -> float:
+    """Per-call microseconds: a CUDA graph of `calls` back-to-back calls of fn, median over `repeats` replays, timed
+    after `settle_s` seconds of replays. Why the settling: for a few tens of milliseconds after the process allocates
+    or frees several GB of device memory (a long sequence's float64 reference), a memory-bound kernel ran 14% slower
+    on the H100 (experiments/decode/probes/after_reference.py); every kernel and baseline is timed past that."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside the capture (lazy initialisations, workspaces)
@@ -24,6 +27,10 @@ def graph_us(fn, calls: int, repeats: int) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
+    t_end = time.perf_counter() + settle_s
+    while time.perf_counter() < t_end:
+        g.replay()
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for s, e in zip(starts, ends):
