@@ -19,20 +19,20 @@ SPACES = sorted(SPACES_DIR.glob("sdpa_hopper_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
-def test_the_ten_spaces_ship():
+def test_the_eleven_spaces_ship():
     assert [p.stem for p in SPACES] == ["sdpa_hopper_bf16_d128", "sdpa_hopper_bf16_d64", "sdpa_hopper_fp16_d128",
                                         "sdpa_hopper_fp16_d128_large", "sdpa_hopper_fp16_d128_mixed_large",
                                         "sdpa_hopper_fp16_d64", "sdpa_hopper_fp16_d64_large",
                                         "sdpa_hopper_fp16_d64_mixed_large", "sdpa_hopper_fp8_d128",
-                                        "sdpa_hopper_fp8_d128_large"]
+                                        "sdpa_hopper_fp8_d128_large", "sdpa_hopper_fp8_d128_mixed_large"]
 
 
 def test_the_mixed_spaces_time_the_four_large_grid_rows_and_share_the_large_genes():
     """A mixed space is its _large twin (genes, constraints, correctness shapes) timed on (16, 16, 1024) and
     (4, 16, 4096), non-causal and causal."""
-    for d in (64, 128):
-        mixed = load_space(SPACES_DIR / f"sdpa_hopper_fp16_d{d}_mixed_large.toml")
-        large = load_space(SPACES_DIR / f"sdpa_hopper_fp16_d{d}_large.toml")
+    for kind in ("fp16_d64", "fp16_d128", "fp8_d128"):
+        mixed = load_space(SPACES_DIR / f"sdpa_hopper_{kind}_mixed_large.toml")
+        large = load_space(SPACES_DIR / f"sdpa_hopper_{kind}_large.toml")
         assert mixed.names == large.names and mixed.count_valid() == large.count_valid()
         assert mixed.signature == large.signature
         untimed = lambda s: [x for x in s.shapes if not x.get("time")]  # noqa: E731
