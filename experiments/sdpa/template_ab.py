@@ -5,11 +5,13 @@ the working tree's template and from other versions of it, checked, then timed i
     python experiments/sdpa/template_ab.py --space sdpa_hopper_fp16_d64_large --genomes G.json \
         --variant before=old_template.cu.j2 [--variant ...] [--shapes "4,16,4096;16,16,1024"] [--rounds 3] [--json F]
     python experiments/sdpa/template_ab.py ... --genes dynamic='{"SCHEDULER": "dynamic"}'
+    python experiments/sdpa/template_ab.py ... --variant no_t=COPY.cu.j2 --unchecked no_t   # a what-if timing
 
 A --variant is a copy of the space (same genes, constraints, signature) whose template is the given file, in a
 scratch folder beside a copy of the working tree's templates/cuda/common includes. A --genes variant is the tree's
 template with those genes set on every genome (genomes they make invalid are refused). Times are medians over the
-rounds; ratios are variant / tree.
+rounds; ratios are variant / tree. An --unchecked variant is timed only: a what-if copy whose answers are wrong by
+design (a step removed to see what it costs).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], help="NAME=TEMPLATE_FILE (repeatable)")
     ap.add_argument("--genes", action="append", default=[], help="NAME=JSON object of genes to set (repeatable)")
     ap.add_argument("--shapes", default="4,16,4096;16,16,1024", help="B,H,S;... (D from the space), causal and not")
+    ap.add_argument("--unchecked", action="append", default=[],
+                    help="a variant timed but not checked (a what-if copy, wrong by design; repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json")
@@ -78,7 +82,13 @@ def main() -> int:
         task, mods[name] = build(space, [{**g, **overrides[name]} for g in genomes], Path(a.cache_dir))
     D = tree.signature["HEAD_DIM"]
     # every variant of every genome on ragged / causal / Sq != Sk shapes
-    check_modules(task, {f"{name} g{gi}": mod for name in spaces for gi, mod in enumerate(mods[name])})
+    unknown = set(a.unchecked) - set(spaces)
+    if unknown:
+        raise SystemExit(f"--unchecked: no variant named {sorted(unknown)[0]!r}")
+    for name in a.unchecked:
+        print(f"{name}: timed only, not checked (a what-if copy: its answers are wrong by design)")
+    check_modules(task, {f"{name} g{gi}": mod for name in spaces if name not in a.unchecked
+                         for gi, mod in enumerate(mods[name])})
     rows = []
     for spec in a.shapes.split(";"):
         B, H, S = map(int, spec.split(","))
