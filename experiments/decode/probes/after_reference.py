@@ -1,11 +1,11 @@
 """Does the float64 reference slow the next timing? (issue 34, the one-sequence rows of benchmark.py.)
 
-benchmark.py computes a kernel's float64 reference (at one sequence of 131072 keys: ~10 GB of float64 K/V copies,
-freed to the caching allocator but kept reserved) right before it times that kernel, and times cuDNN after
-empty_cache(). This probe times one kernel on inputs that never change, in this order: fresh; right after the
-reference; then every ~0.1 s for a few seconds; after empty_cache(); after a fresh 10 GB allocation that is freed
-(untouched, then zeroed). Each line is the CUDA-graph time (`graph_us`, as benchmark.py) and seconds since the
-reference ended.
+benchmark.py computes a kernel's float64 reference (at one sequence of 131072 keys: K and V repeated for the query
+heads, ~4.3 GB at once) right before it times that kernel, and times cuDNN later. This probe times one kernel on
+inputs that never change, in this order: fresh; right after the reference; then every ~0.1 s for a few seconds;
+after empty_cache(); after a fresh 10 GiB allocation that is dropped (untouched, then zeroed). Each line is the
+CUDA-graph time (`graph_us` without its settling replays, as benchmark.py timed before them), seconds since the
+memory event and the allocator's reserved bytes.
 
     python3 experiments/decode/probes/after_reference.py --kernel 'SPACE:{params}' [--shapes 'B,Hq,Hkv,Sk,D;...']
 """
@@ -53,7 +53,7 @@ def main() -> int:
                   flush=True)
 
             def line(what: str, t0: float | None = None) -> None:
-                us = graph_us(fn, a.calls, a.repeats)
+                us = graph_us(fn, a.calls, a.repeats, settle_s=0)
                 since = f"{time.perf_counter() - t0:6.2f} s" if t0 is not None else "      -"
                 print(f"{what:<34} {since}  {us:7.1f} us   reserved {gib(torch.cuda.memory_reserved())}", flush=True)
 

@@ -1,7 +1,6 @@
 # On the GPU host, from the repository root (issue 34): does the float64 reference benchmark.py computes before it
-# times a kernel slow that timing? probes/after_reference.py on two FP8 kernels, then benchmark.py as it was
-# (reference freed but reserved while the kernel is timed) and as it is (empty_cache() first) on the one-sequence
-# rows and the same-work batch row; the GPU's clocks and power every 100 ms. Logs under $OUT.
+# times a kernel slow that timing? probes/after_reference.py on two FP8 kernels, the GPU's clocks and power every
+# 100 ms. Logs under $OUT. benchmark.py timed at once and after settling: scripts/settle_h100.sh.
 #   bash experiments/decode/scripts/after_reference_h100.sh
 source experiments/decode/scripts/bench_lib.sh results/issue34/after_reference || exit 1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
@@ -12,16 +11,4 @@ kreg="decode_fp8kv_d128:{$keys, \"COMBINE\": \"dependent\", \"BLOCK_N\": 128, \"
 w8="decode_fp8kv_d128:{$keys, \"COMBINE\": \"cluster\", \"BLOCK_N\": 256, \"NUM_WARPS\": 8, \"MIN_BLOCKS\": 1}"
 timeout -k 10 240 python3 experiments/decode/probes/after_reference.py --cache-dir "$EVOENGINEER_CACHE" \
   --kernel "$kreg" --kernel "$w8" 2>&1 | tee "$dest/after_reference_h100.md"
-shapes='1,32,8,32768,128;8,32,8,16384,128;1,32,8,131072,128'
-# benchmark_before.py: benchmark.py of feac8f4 (git show feac8f4:experiments/decode/benchmark.py), put beside it
-for which in before after; do
-  script=experiments/decode/benchmark.py
-  [ $which = before ] && script=experiments/decode/benchmark_before.py
-  [ -f "$script" ] || { echo "no $script"; continue; }
-  timeout -k 10 200 python3 "$script" --shapes "$shapes" --cache-dir "$EVOENGINEER_CACHE" \
-    --kernel "f8_kreg=$kreg" --kernel "f8_w8=$w8" --md "$dest/benchmark_${which}_h100.md" \
-    --json "$dest/benchmark_${which}_h100.json" > "$dest/benchmark_${which}_h100.log" 2>&1
-  echo "bench $which rc $?"
-  cat "$dest/benchmark_${which}_h100.md"
-done
 kill $smi
