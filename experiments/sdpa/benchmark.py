@@ -78,6 +78,17 @@ def load_doc(path: str) -> tuple[dict, object]:
     return doc, space
 
 
+def elite_params(doc: dict, shape: str = "") -> dict:
+    """Rank 1's genes of an elite.json, or with `shape` that shape's winner (shape_elites of a several-shape space)."""
+    if not shape:
+        return doc["elites"][0]["params"]
+    for e in doc.get("shape_elites") or []:
+        if e["shape"] == shape:
+            return e["params"]
+    raise SystemExit(f"elite of {doc['space']}: no shape winner {shape!r} "
+                     f"(it has {[e['shape'] for e in doc.get('shape_elites') or []]})")
+
+
 def build(space, params_list: list[dict], cache: Path) -> tuple[object, list]:
     """The task and a loaded module per parameter set (recorded elites and genome files get the genes the space
     gained since: `with_later_genes`); exits naming the first that fails to build."""
@@ -221,7 +232,7 @@ def grid(a) -> list[dict]:
         if space_name:  # the elite's genes rendered in another space of the family (a bf16 twin, say)
             space = load_space(SPACES_DIR / f"{space_name}.toml")
         # rank 1, and for a space timing several shapes each shape's winner (shape_elites) as NAME/SHAPE
-        picks = [(name, doc["elites"][0]["params"])]
+        picks = [(name, elite_params(doc))]
         for e in doc.get("shape_elites") or []:
             if all(e["params"] != p for _, p in picks):
                 picks.append((f"{name}/{e['shape']}", e["params"]))

@@ -2,6 +2,9 @@
 (nothing else named *sdpa* runs: ncu -k regex:sdpa picks exactly these two).
 
     ncu -k regex:sdpa --section ... python experiments/sdpa/ncu_pair.py --space SPACE --genome '{...}' --shape B,H,S[,causal]
+    ncu ... python experiments/sdpa/ncu_pair.py --elite elite.json[:SHAPE] --shape B,H,S[,causal]
+
+scripts/ncu_pair.sh runs it under ncu with the sections and metrics the issue-35 comparisons read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from benchmark import build  # noqa: E402
+from benchmark import build, elite_params, load_doc  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
@@ -27,13 +30,24 @@ from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--space", required=True)
-    ap.add_argument("--genome", required=True, help="JSON parameter dict")
+    ap.add_argument("--space", help="the space's name (default with --elite: the elite's space)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--genome", help="JSON parameter dict (needs --space)")
+    which.add_argument("--elite", help="elite.json[:SHAPE]: its rank 1, or that shape's winner")
     ap.add_argument("--shape", required=True, help="B,H,S or B,H,S,causal")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     a = ap.parse_args()
-    space = load_space(SPACES_DIR / f"{a.space}.toml")
-    task, (module,) = build(space, [json.loads(a.genome)], Path(a.cache_dir))
+    if a.genome and not a.space:
+        ap.error("--genome needs --space")
+    if a.elite:
+        path, _, shape_name = a.elite.partition(":")
+        doc, space = load_doc(path)
+        params = elite_params(doc, shape_name)
+    else:
+        params = json.loads(a.genome)
+    if a.space:  # (with --elite: its genes rendered in this space)
+        space = load_space(SPACES_DIR / f"{a.space}.toml")
+    task, (module,) = build(space, [params], Path(a.cache_dir))
     parts = a.shape.split(",")
     B, H, S = map(int, parts[:3])
     causal = len(parts) > 3 and parts[3] == "causal"

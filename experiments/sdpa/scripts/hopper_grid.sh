@@ -4,5 +4,6 @@
 source experiments/scripts/device_env.sh || exit 1
 args=()
 for k in "$@"; do args+=(--kernel "$k"); done
-timeout -k 10 ${GRID_LIMIT:-560} python3 experiments/sdpa/benchmark.py --grid "${args[@]}" --json "$OUT/grid.json" \
-  2>&1 | tee "$OUT/grid.log" | tail -40
+name=${GRID_NAME:-grid}  # the logs: $OUT/$name.json and .log
+timeout -k 10 ${GRID_LIMIT:-560} python3 experiments/sdpa/benchmark.py --grid "${args[@]}" --json "$OUT/$name.json" \
+  2>&1 | tee "$OUT/$name.log" | tail -40
