@@ -278,6 +278,9 @@ class Family(ABC):
     op_module: str = ""
     op_class: str = ""
     op_files: tuple[str, ...] = ()
+    #: CUDA: the family's kernels must run inside CUDA graphs (exported ops do, under torch.compile and graph
+    #: capture): each candidate is also captured, replayed, checked and timed in one (evaluators/worker.py)
+    cuda_graphs: bool = True
     #: the templates the family's kernels are written in, relative to the family's module folder or to the shipped
     #: templates folder (listed by `evoengineer families`; a space may render another one of its own)
     templates: tuple[str, ...] = ()

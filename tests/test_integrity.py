@@ -100,7 +100,9 @@ def test_stand_in_is_healthy(session):
     r = _evaluate(session, None)
     assert r["status"] == "ok", r
     shapes = r["metrics"]["shapes"]["timed"]
-    assert shapes["checked_calls"] == 4 and shapes["fingerprinted_calls"] == 6  # warmup 1 + repeats 5
+    # 4 kept (the last call of each of the 2 input sets and 2 random others) + one call per set after the timing loop;
+    # every timed call fingerprinted (warmup 1 + repeats 5)
+    assert shapes["checked_calls"] == 6 and shapes["fingerprinted_calls"] == 6 and shapes["input_sets"] == 2
 
 
 def _scale_on(calls):
@@ -116,8 +118,8 @@ def test_intermittent_error_in_a_timed_call_is_nondeterministic(session):
     first_timed = _calls_before_timing(session) + 1
     # the second timed call (a warm-up is not among the kept outputs, the fingerprints still see it)
     r = _evaluate(session, _scale_on({first_timed}))
-    assert r["status"] == "wrong" and r["reason"] == "nondeterministic: 1 of 6 runs on shape timed differ bitwise " \
-        "from the others", r
+    assert r["status"] == "wrong" and r["reason"] == "nondeterministic: 1 of 3 runs of input set 1 on shape timed " \
+        "differ bitwise from its checked output (first: timed call 1)", r
     assert _evaluate(session, None)["status"] == "ok"
 
 
@@ -158,10 +160,10 @@ def test_input_modified_during_timing_is_caught_and_undone(session, name):
             return True
         return False
 
-    before = {k: v.clone() for k, v in session.timed["timed"].inputs.items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in session.timed["timed"][0].inputs.items() if isinstance(v, torch.Tensor)}
     r = _evaluate(session, fault)
     assert r["status"] == "wrong" and f"modified input {name}" in r["reason"], r
-    after = session.timed["timed"].inputs
+    after = session.timed["timed"][0].inputs
     assert all(torch.equal(after[k], v) for k, v in before.items())
     assert _evaluate(session, None)["status"] == "ok"
 

@@ -12,7 +12,12 @@ from evoengineer.evaluators.retiming import Retiming
 
 OK = "ok"
 STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
-            "sanitizer_error", "skipped")
+            "sanitizer_error", "skipped",
+            # the candidate changed the measuring process's or device's state (restored; never an elite)
+            "state_changed",
+            # its time cannot be honest: faster than the device allows, work off the timed stream, a graph or
+            # new-input time far from its eager time
+            "implausible")
 
 #: Metric names every evaluator uses where it has the number (times in microseconds).
 METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",

@@ -155,6 +155,8 @@ class LocalEvaluator(BuildAheadEvaluator):
         self._baseline_builds: list[dict[str, str]] | None = None
         self._baseline_futures: dict[str, tuple[str, Future[BuildResult]]] | None = None
         self._starting: Future[WorkerProcess] | None = None  # the first worker, started beside the first builds
+        self.measured_with: dict[str, Any] = {}  # the newest worker's sentinel times, recorded state, device peaks
+        self.replaced: list[str] = []  # why workers were replaced (state left behind, sentinel drift)
         self._init_pipeline()
 
     def _submit_baselines(self) -> dict[str, tuple[str, "Future[BuildResult]"]]:
@@ -207,13 +209,18 @@ class LocalEvaluator(BuildAheadEvaluator):
         baselines' builds."""
         self.workers_started += 1
         init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
-                "seed": self.seed * 1000 + self.workers_started}
+                "seed": self.seed * 1000 + self.workers_started, "cache_dir": str(self.cache_dir)}
         timeout = float(self.settings["init_timeout_s"])
         worker = WorkerProcess(init, timeout)
         try:
             reply = worker.request({"cmd": "baselines", "baselines": self._baselines()}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+            # baselines timed, then the state and the sentinel recorded: what every candidate is measured with
+            reply = worker.request({"cmd": "hello"}, timeout)
+            if not reply.get("ok"):
+                raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+            self.measured_with = {k: v for k, v in reply.items() if k != "ok"}
         except BaseException:
             worker.close()
             raise
@@ -233,8 +240,34 @@ class LocalEvaluator(BuildAheadEvaluator):
         return self.worker
 
     def measure(self, candidate: Candidate, build: BuildResult) -> Measurement:
-        """Check and time a built candidate in the worker; a hang or crash costs only the worker."""
+        """Check and time a built candidate in the worker; a hang or crash costs only the worker. A worker that
+        reports state it cannot undo, or a sentinel that drifted, is replaced; after a drift the candidate is
+        measured again in the fresh worker, and a second drift after it makes it `state_changed`."""
         extra = {**build.metrics, "build_s": build.build_s, "build_cached": build.cached}
+        first = self._measure_once(candidate, build, extra)
+        drift = first.pop("sentinel_drift", None)
+        if not drift:
+            return self._measurement(first, extra)
+        again = self._measure_once(candidate, build, extra)
+        drift_again = again.pop("sentinel_drift", None)
+        if drift_again:
+            m = self._measurement(again, extra)
+            m.metrics["sentinel_drifts"] = [drift, drift_again]
+            if m.status in ("ok", "wrong", "implausible"):
+                kept = f" (also {m.status}: {m.reason})" if m.status != "ok" else ""
+                return Measurement("state_changed", f"slowed the measuring process after it, in two fresh workers: "
+                                   f"{drift_again}{kept}", m.metrics)
+            return m
+        m = self._measurement(again, extra)
+        m.metrics["remeasured"] = f"measured again in a fresh worker after {drift}"
+        return m
+
+    def _measurement(self, reply: dict[str, Any], extra: dict[str, Any]) -> Measurement:
+        return Measurement(reply["status"], reply.get("reason", ""), {**reply.get("metrics", {}), **extra})
+
+    def _measure_once(self, candidate: Candidate, build: BuildResult, extra: dict[str, Any]) -> dict[str, Any]:
+        """The worker's reply for one candidate (a failure of the worker as a reply); replaces the worker when the
+        reply asks for it."""
         t_start = time.perf_counter()  # the device is this candidate's from here (a fresh worker's start-up too)
         try:
             worker = self._worker()
@@ -244,15 +277,20 @@ class LocalEvaluator(BuildAheadEvaluator):
             extra["measure_s"] = round(time.perf_counter() - t0, 4)  # checks, timing and baselines in the worker
         except WorkerFailure as f:
             self.busy_s += time.perf_counter() - t_start
-            if self.worker is not None:
-                self.worker.kill()
-                self.worker = None
-            return Measurement(f.status, f.reason, extra)
+            self._drop_worker()
+            return {"status": f.status, "reason": f.reason, "metrics": {}}
         self.busy_s += time.perf_counter() - t_start
-        if reply.get("fatal") and self.worker is not None:
+        if reply.get("fatal"):
+            self._drop_worker()
+        elif reply.get("replace"):
+            self.replaced.append(f"{candidate.hash[:12]}: {reply['replace']}"[:300])
+            self._drop_worker()
+        return reply
+
+    def _drop_worker(self) -> None:
+        if self.worker is not None:
             self.worker.kill()
             self.worker = None
-        return Measurement(reply["status"], reply.get("reason", ""), {**reply.get("metrics", {}), **extra})
 
     def build(self, candidate: Candidate) -> dict[str, Any]:
         """Compile into the build cache (one retry when a builder process died, as in evaluate_many)."""
@@ -303,14 +341,16 @@ class LocalEvaluator(BuildAheadEvaluator):
         if not built:
             return Retiming(samples={}, dropped=dropped, notes=notes)
         per_candidate = float(st["timeout_s"]) * max(1.0, rounds * repeats / (int(st["warmup"]) + int(st["repeats"])))
+        # in a fresh measuring process: nothing any candidate of the search did to the last one carries over
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
         try:
             reply = self._worker().request({"cmd": "retime", "session": session, "rounds": rounds,
                                             "repeats": repeats, "candidates": built},
                                            per_candidate * len(built) + float(st["timeout_s"]))
         except WorkerFailure as f:
-            if self.worker is not None:
-                self.worker.kill()
-                self.worker = None
+            self._drop_worker()
             return Retiming(samples={}, dropped=dropped, notes={**notes, "failed": f"{f.status}: {f.reason}"})
         if not reply.get("ok"):
             if reply.get("fatal") and self.worker is not None:
@@ -323,7 +363,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         base = reply["baseline"]
         return Retiming(samples=reply["samples"], dropped=dropped, baseline=base["name"],
                         baseline_p50_us=base["p50_per_round"], order=reply["order"],
-                        notes={**notes, "cache": reply["cache"]})
+                        notes={**notes, "cache": reply["cache"], "process": "a fresh measuring process"})
 
     # ---- the evaluator interface (evaluate, evaluate_many, prefetch: BuildAheadEvaluator) -----------------------
     def builds_beside_measurements(self) -> bool:

@@ -10,7 +10,9 @@ kernel's own prints go to stderr. A hang or crash here costs only this process: 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -19,6 +21,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from evoengineer.evaluators.integrity import Guarded, ProtectedInputs, as_bits, checksum, mismatch
@@ -43,24 +46,44 @@ class InputSet:
 
 
 class Rejected(Exception):
-    """A candidate failed a check: `reason` says which and where; metrics gathered so far travel with it."""
+    """A candidate failed a check: `reason` says which and where; `status` is `wrong` (an output or input is off) or
+    `implausible` (its time cannot be honest)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, status: str = "wrong"):
         super().__init__(reason)
         self.reason = reason
+        self.status = status
+
+
+#: timed input sets per timed shape: calls alternate between them, in one output buffer
+TIMED_SETS = 2
+#: calls captured in the CUDA graph of the graph check, and replays timed
+GRAPH_CALLS, GRAPH_REPLAYS = 8, 5
+#: a graph replay slower than this x the eager p50 (+ GRAPH_SLACK_US) disagrees beyond launch-overhead effects
+GRAPH_FACTOR, GRAPH_SLACK_US = 1.25, 2.0
+#: back-to-back calls of the off-stream check; work still running this long after the candidate's stream finished
+#: (at least, or this share of the calls' wall time) was left on another stream
+OFFSTREAM_CALLS, OFFSTREAM_SLACK_S, OFFSTREAM_SHARE = 16, 200e-6, 0.25
+#: calls on never-seen inputs slower than this x the p50 on the repeated timed inputs (+ slack; on the CPU + a
+#: quarter of the p50 more: its single calls are noisier) reused earlier work
+NOVEL_SETS, NOVEL_FACTOR, NOVEL_SLACK_US = 2, 1.5, {"cuda": 10.0, "cpu": 200.0}
 
 
 class Session:
-    """State of one worker: the task, cached input sets with references, baseline timings.
+    """State of one worker: the task, cached input sets with references, baseline timings, and what keeps one
+    candidate from changing how the next is measured.
 
     Every input set a candidate sees is protected (evaluators/integrity.py): inputs sit in guarded allocations with a
-    pristine copy; after each candidate they are verified and restored, so one candidate never changes what the next
-    one is checked or timed on. Outputs are guarded and NaN-poisoned before every checked call.
+    pristine copy; after each candidate they are verified and restored. Outputs are guarded and NaN-poisoned before
+    every checked call. Process and device state is recorded once (evaluators/process_state.py), restored after
+    every candidate and compared; a sentinel workload (evaluators/sentinel.py) is timed after every candidate. A
+    CUDA candidate runs on a stream of its own, made for it and dropped after it.
     """
 
     def __init__(self, init: dict[str, Any]):
         import torch
 
+        from evoengineer.evaluators.physics import PhysicsGate
         from evoengineer.space.spec import SearchSpace
         from evoengineer.tasks.base import get_task
 
@@ -69,6 +92,7 @@ class Session:
         self.task = get_task(self.space)
         self.settings = self.task.settings
         self.seed = int(init["seed"])
+        self.cache_dir = init.get("cache_dir")
         torch.manual_seed(self.seed)
         self.canaries = torch.Generator().manual_seed(self._seed("canaries", 0))
         self.sets: list[InputSet] = []  # cached (not fresh) check sets with their reference
@@ -77,10 +101,15 @@ class Session:
                 continue
             for k in range(e.checks):
                 self.sets.append(self._input_set(e, self._seed(e.name, k), with_ref=True))
-        self.timed = {e.name: self._input_set(e, self._seed(e.name, 10_000), with_ref=False)
+        self.timed = {e.name: [self._input_set(e, self._seed(e.name, 10_000 + k), with_ref=False)
+                               for k in range(TIMED_SETS)]
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
+        self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
+        self.guard: Any = None  # StateGuard, made once the worker has done everything it does before candidates
+        self.sentinel: Any = None
+        self.started: dict[str, Any] = {}
         self.add_baselines(init.get("baselines", []))
 
     def add_baselines(self, builds: list[dict[str, str]]) -> None:
@@ -97,7 +126,7 @@ class Session:
                 raise RuntimeError(f"baseline kernel {b['name']} is wrong: {r.reason}") from None
             finally:
                 self._restore_inputs()
-        self.baselines = None  # timed again, with every baseline, at the next candidate
+        self.baselines = None  # timed again, with every baseline, before the next candidate
 
     def _seed(self, name: str, k: int, salt: str = "") -> int:
         digest = hashlib.sha256(f"{self.seed}/{name}/{k}/{salt}".encode()).hexdigest()
@@ -117,7 +146,7 @@ class Session:
 
     def _restore_inputs(self) -> None:
         """Cached inputs are never shared mutable state: back to their pristine bytes before the next candidate."""
-        for s in (*self.sets, *self.timed.values()):
+        for s in (*self.sets, *(t for sets in self.timed.values() for t in sets)):
             s.inputs.verify_and_restore()
 
     def _sync(self) -> None:
@@ -139,19 +168,56 @@ class Session:
                              flush_l2=bool(st["l2_flush"]), before=before, after=after)
 
     def _baselines(self) -> dict[str, dict[str, Any]]:
+        """The baselines' times per timed shape (made once per worker, calls alternating over the timed sets as the
+        candidates' do)."""
         if self.baselines is None:
             self.baselines = {}
             for bname, fn in self.task.baselines().items():
-                per_shape = {name: self._time(lambda inp=s.inputs: fn(inp)) for name, s in self.timed.items()}
+                per_shape = {name: self._time(_alternate(lambda s, fn=fn: fn(s.inputs), sets))
+                             for name, sets in self.timed.items()}
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
             for bname, module in self.kernels.items():
                 per_shape = {}
-                for name, s in self.timed.items():
-                    out = self.task.new_output(s.inputs)
-                    per_shape[name] = self._time(lambda inp=s.inputs, out=out, module=module:
-                                                 self.task.launch(module, inp, out))
+                for name, sets in self.timed.items():
+                    out = self.task.new_output(sets[0].inputs)
+                    per_shape[name] = self._time(_alternate(
+                        lambda s, out=out, module=module: self.task.launch(module, s.inputs, out), sets))
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
         return self.baselines
+
+    # ---- the state candidates are measured with -------------------------------------------------------------------
+    def _start_guards(self) -> None:
+        """Once, before the first candidate: baselines timed, then the sentinel's and the process state's record
+        (so whatever the worker itself starts, threads or handles, is part of the state measured with)."""
+        if self.guard is not None:
+            return
+        from evoengineer.evaluators.process_state import StateGuard
+        from evoengineer.evaluators.sentinel import CpuProbe, Sentinel
+
+        try:
+            self._baselines()
+        finally:
+            self._restore_inputs()
+        for name, sets in self.timed.items():
+            shape = sets[0].entry.shape
+            self.gate.prepare(int(self.task.min_bytes(shape) or 0))
+        probe = None
+        if self.task.device == "cpu":
+            from evoengineer.compiler.builder import default_cache_dir
+
+            probe = CpuProbe.build(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
+        self.sentinel = Sentinel(self.task.device, probe)
+        self.started["sentinel"] = self.sentinel.start()
+        self.guard = StateGuard(self.task.device, probe)
+        self.started["state"] = self.guard.snapshot()
+        self.started["peaks"] = self.gate.describe()
+
+    def _stream(self):
+        """A fresh stream for one candidate (CUDA): attributes it sets on it (an access-policy window) go with it."""
+        if self.task.device != "cuda":
+            return contextlib.nullcontext(), None
+        s = self.torch.cuda.Stream()
+        return self.torch.cuda.stream(s), s
 
     # ---- checks ---------------------------------------------------------------------------------------------------
     def _against_reference(self, out: Any, ref: Any, where: str) -> tuple[float, float]:
@@ -232,54 +298,219 @@ class Session:
         return worst_abs, worst_rel, extra
 
     def timed_runs(self, module: Any, candidate_hash: str) -> dict[str, dict[str, Any]]:
-        """Time the candidate on every timed shape. Outside the timed region: the output of the last call and of
-        `check_calls - 1` random others is poisoned before and kept after the call, and (deterministic families)
-        every call's output is fingerprinted. Afterwards the kept outputs must match the reference, every call
-        must agree, and inputs and guard bands must be untouched. Raises Rejected; returns timings per shape."""
+        """Time the candidate on every timed shape, its calls alternating between the shape's timed input sets in
+        one output buffer (an output kept from an earlier call is the other set's: wrong). Outside the timed region
+        every call's output is fingerprinted (deterministic families: its bits; others: a random weighting of it,
+        compared with the reference's within the tolerance), and the output of the last call of each set and of
+        `check_calls - 2` random others is poisoned before and kept after the call. Afterwards the kept outputs
+        must match the reference, every call's fingerprint must be its set's, and inputs and guard bands must be
+        untouched; then one more checked call per set (after the timing loop). Raises Rejected; returns timings per
+        shape."""
         torch = self.torch
         st = self.settings
         warmup, repeats = int(st["warmup"]), int(st["repeats"])
         total = warmup + repeats
         rng = random.Random(f"{self.seed}/{candidate_hash}")
         per_shape: dict[str, dict[str, Any]] = {}
-        for name, s in self.timed.items():
-            out = self._output(s)
-            sample = {total - 1, *rng.sample(range(warmup, total - 1), min(int(st["check_calls"]) - 1, repeats - 1))}
+        for name, sets in self.timed.items():
+            n = len(sets)
+            out = self._output(sets[0])
+            last = {total - 1 - k for k in range(min(n, total))}  # the last call of every set
+            others = range(warmup, total - len(last))
+            sample = last | set(rng.sample(others, min(max(int(st["check_calls"]) - len(last), 0), len(others))))
             kept: dict[int, Any] = {}
-            sums = torch.zeros(total, dtype=torch.int64, device=out.tensor.device) if st["deterministic"] else None
+            deterministic = bool(st["deterministic"])
+            sums = torch.zeros(total, dtype=torch.int64 if deterministic else torch.float64, device=out.tensor.device)
+            weights = None if deterministic else torch.rand(out.tensor.shape, dtype=torch.float64,
+                                                             generator=self.canaries).to(out.tensor.device)
 
             def before(i: int, out=out, sample=sample) -> None:
                 if i in sample:
                     self._poison(out.tensor)
 
-            def after(i: int, out=out, sample=sample, kept=kept, sums=sums) -> None:
-                if sums is not None:
-                    sums[i] = checksum(out.tensor)
+            def after(i: int, out=out, sample=sample, kept=kept, sums=sums, weights=weights) -> None:
+                sums[i] = checksum(out.tensor) if weights is None else (out.tensor.to(torch.float64) * weights).sum()
                 if i in sample:
                     kept[i] = out.tensor.clone()
 
-            per_shape[name] = self._time(lambda s=s, out=out: self.task.launch(module, s.inputs, out.tensor),
-                                         before, after)
+            per_shape[name] = self._time(_alternate(lambda s, out=out: self.task.launch(module, s.inputs, out.tensor),
+                                                    sets), before, after)
             self._sync()
-            self._verify_memory(s, out, f"shape {name} after timing")
+            for s in sets:
+                self._verify_memory(s, out, f"shape {name} after timing")
             for i in sorted(kept):
                 unwritten = self._unwritten(kept[i])
                 if unwritten:
                     raise Rejected(f"stale output: timed call {i + 1} of {total} left {unwritten} of "
-                                   f"{kept[i].numel()} outputs unwritten (NaN) on shape {name}")
-            if sums is not None:
-                values = sums.tolist()
-                common = max(values.count(v) for v in set(values))
-                if common != total:
-                    raise Rejected(f"nondeterministic: {total - common} of {total} runs on shape {name} differ "
-                                   "bitwise from the others")
-            ref = self._ref(s)
+                                   f"{kept[i].numel()} outputs unwritten (NaN) when it returned, on shape {name}")
             for i in sorted(kept):
-                self._against_reference(kept[i], ref, f"shape {name}, timed call {i + 1} of {total}")
-            per_shape[name]["checked_calls"] = len(kept)
-            per_shape[name]["fingerprinted_calls"] = total if sums is not None else 0
+                self._against_reference(kept[i], self._ref(sets[i % n]),
+                                        f"shape {name}, timed call {i + 1} of {total} (input set {i % n + 1} of {n})")
+            self._fingerprints_agree(name, sets, sums.tolist(), kept, weights)
+            for k, s in enumerate(sets):  # checked again once the timing loop is over
+                self._poison(out.tensor)
+                self.task.launch(module, s.inputs, out.tensor)
+                self._sync()
+                where = f"shape {name} (input set {k + 1} of {n}), the call after the timing loop"
+                self._verify_memory(s, out, where)
+                self._against_reference(out.tensor, self._ref(s), where)
+            per_shape[name]["checked_calls"] = len(kept) + n
+            per_shape[name]["fingerprinted_calls"] = total
+            per_shape[name]["input_sets"] = n
         return per_shape
 
+    def _fingerprints_agree(self, name: str, sets: list[InputSet], values: list[Any], kept: dict[int, Any],
+                            weights: Any) -> None:
+        """Every call's fingerprint is its input set's (the fingerprint of the set's outputs checked against the
+        reference); a call whose fingerprint is another set's returned an output kept from an earlier call."""
+        torch = self.torch
+        n, total = len(sets), len(values)
+        if weights is None:
+            expected = {}
+            for i, out in kept.items():
+                expected.setdefault(i % n, int(checksum(out)))
+            for i, v in enumerate(values):
+                want = expected.get(i % n)
+                if want is None or v == want:
+                    continue
+                other = [k for k, w in expected.items() if w == v and k != i % n]
+                if other:
+                    raise Rejected(f"timed call {i + 1} of {total} on shape {name} returned the output of input set "
+                                   f"{other[0] + 1}, not of its own set {i % n + 1} (an output kept from an earlier "
+                                   "call)")
+                bad = sum(1 for j, u in enumerate(values) if j % n == i % n and u != want)
+                raise Rejected(f"nondeterministic: {bad} of {len(values[i % n::n])} runs of input set {i % n + 1} on "
+                               f"shape {name} differ bitwise from its checked output (first: timed call {i + 1})")
+            return
+        atol, rtol = self.task.tolerance()
+        for k, s in enumerate(sets):
+            ref = self._ref(s).to(weights.device)
+            want = float((ref * weights).sum())
+            bound = float((weights * (atol + rtol * ref.abs())).sum()) * 1.01 + 1e-12
+            for i in range(k, total, n):
+                if not abs(values[i] - want) <= bound:
+                    raise Rejected(f"timed call {i + 1} of {total} on shape {name} (input set {k + 1}): its output's "
+                                   f"weighted sum {values[i]:.6g} is off the reference's {want:.6g} by more than "
+                                   f"the tolerance allows ({bound:.3g})")
+        del torch
+
+    # ---- timing honesty -------------------------------------------------------------------------------------------
+    def honesty_checks(self, module: Any, candidate_hash: str, per_shape: dict[str, dict[str, Any]],
+                       stream: Any) -> dict[str, Any]:
+        """Checks of the time itself, per timed shape: calls on inputs never seen before cost what repeated ones do
+        (no work kept from earlier calls); CUDA: all the work a call starts is on the stream it was given (the
+        device is idle once that stream is), and a CUDA graph of the calls (where the family allows graphs) gives
+        right outputs and about the eager time; then the physics gate. Metrics per shape; raises Rejected."""
+        found: dict[str, Any] = {}
+        for name, sets in self.timed.items():
+            eager = per_shape[name]["p50"]
+            m: dict[str, Any] = found.setdefault(name, {})
+            m["novel_us"] = self._novel_inputs(module, name, sets, eager, candidate_hash)
+            if self.task.device == "cuda":
+                m["offstream_s"] = self._offstream(module, name, sets)
+                if getattr(self.task, "cuda_graphs", True):
+                    m["graph_us"] = self._graph(module, name, sets, eager, stream)
+            shape = sets[0].entry.shape
+            why = self.gate.verdict(time_us=eager, min_bytes=int(self.task.min_bytes(shape) or 0),
+                                    flops=int(self.task.flops(shape) or 0))
+            if why:
+                raise Rejected(f"faster than the device allows on shape {name}: {eager:.4g} us is {why}",
+                               "implausible")
+        return found
+
+    def _one_call_us(self, fn) -> float:
+        from evoengineer.evaluators.timing import time_samples
+
+        return time_samples(fn, device=self.task.device, warmup=0, repeats=1,
+                            flush_l2=bool(self.settings["l2_flush"]))[0]
+
+    def _novel_inputs(self, module: Any, name: str, sets: list[InputSet], eager_us: float,
+                      candidate_hash: str) -> list[float]:
+        """Time single calls on input sets made for this candidate (new buffers, new contents), each after a call
+        on a timed set: a candidate that returns work kept from calls it saw before is fast only on those."""
+        entry = sets[0].entry
+        novel = [self._input_set(entry, self._seed(name, 20_000 + k, candidate_hash), with_ref=False)
+                 for k in range(NOVEL_SETS)]
+        outs = [self._output(s) for s in novel]
+        warm_out = self.task.new_output(sets[0].inputs)
+        for _ in range(2):  # back to steady state after making the new sets (allocator, caches, idle threads)
+            self.task.launch(module, sets[0].inputs, warm_out)
+        times = []
+        for k, (s, out) in enumerate(zip(novel, outs)):
+            times.append(self._one_call_us(lambda s=s, out=out: self.task.launch(module, s.inputs, out.tensor)))
+            self.task.launch(module, sets[k % len(sets)].inputs, warm_out)
+        self._sync()
+        for s, out in zip(novel, outs):
+            self._verify_memory(s, out, f"new inputs of shape {name}")
+        slack = NOVEL_SLACK_US[self.task.device] + (0.25 * eager_us if self.task.device == "cpu" else 0.0)
+        if min(times) > NOVEL_FACTOR * eager_us + slack:
+            raise Rejected(f"calls on inputs it had not seen took {min(times):.4g} us against {eager_us:.4g} us on the "
+                           f"repeated timed inputs of shape {name} (over {NOVEL_FACTOR:g}x + {slack:g} us): work kept "
+                           "from earlier calls", "implausible")
+        return [round(t, 3) for t in times]
+
+    def _offstream(self, module: Any, name: str, sets: list[InputSet]) -> float:
+        """Back-to-back calls, then: how long the device stayed busy after the candidate's stream had finished."""
+        torch = self.torch
+        out = self.task.new_output(sets[0].inputs)
+        gaps = []
+        for attempt in range(2):  # a first excess is measured again: the host may have been preempted
+            torch.cuda.synchronize()
+            ev = torch.cuda.Event()
+            t0 = time.perf_counter()
+            for k in range(OFFSTREAM_CALLS):
+                self.task.launch(module, sets[k % len(sets)].inputs, out)
+            ev.record()
+            ev.synchronize()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            gap = t2 - t1
+            gaps.append(gap)
+            if gap <= max(OFFSTREAM_SLACK_S, OFFSTREAM_SHARE * (t1 - t0)):
+                return round(gap, 6)
+        raise Rejected(f"work left running on another stream: the device was busy {min(gaps) * 1e6:.0f} us after "
+                       f"the candidate's stream had finished {OFFSTREAM_CALLS} calls on shape {name}", "implausible")
+
+    def _graph(self, module: Any, name: str, sets: list[InputSet], eager_us: float, stream: Any) -> float:
+        """The calls captured in a CUDA graph: replayed, the output must be right, and the time per call must not
+        exceed the eager time by more than launch effects explain."""
+        torch = self.torch
+        n = len(sets)
+        out = self._output(sets[0])
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        try:
+            g.capture_begin()
+            try:
+                for k in range(GRAPH_CALLS):
+                    self.task.launch(module, sets[k % n].inputs, out.tensor)
+            finally:
+                g.capture_end()
+        except Exception as exc:  # noqa: BLE001 - any failure inside capture is the candidate's
+            raise Rejected(f"does not run inside a CUDA graph on shape {name}: {str(exc).splitlines()[0][:200]}"
+                           ) from None
+        s = sets[(GRAPH_CALLS - 1) % n]
+        self._poison(out.tensor)
+        g.replay()
+        torch.cuda.synchronize()
+        where = f"shape {name}, replay of a CUDA graph of {GRAPH_CALLS} calls"
+        self._verify_memory(s, out, where)
+        self._against_reference(out.tensor, self._ref(s), where)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(GRAPH_REPLAYS)]
+        for a, b in ev:
+            a.record()
+            g.replay()
+            b.record()
+        torch.cuda.synchronize()
+        per_call = sorted(a.elapsed_time(b) * 1e3 / GRAPH_CALLS for a, b in ev)[GRAPH_REPLAYS // 2]
+        del g
+        if per_call > GRAPH_FACTOR * eager_us + GRAPH_SLACK_US:
+            raise Rejected(f"inside a CUDA graph {per_call:.4g} us a call against {eager_us:.4g} us eagerly on shape "
+                           f"{name}: the eager time misses work", "implausible")
+        return round(per_call, 3)
+
+    # ---- one candidate --------------------------------------------------------------------------------------------
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         from evoengineer.compiler.steps import load_module
 
@@ -294,36 +525,73 @@ class Session:
         return reply
 
     def evaluate_module(self, module: Any, candidate_hash: str) -> dict[str, Any]:
-        """Check, then time, one loaded candidate; the reply the parent records."""
-        # where the worker's time goes, per phase (seconds): checks, timed runs (with their own checks), baselines
+        """Check, then time, one loaded candidate; then what it left behind (state restored, sentinel timed). The
+        reply the parent records; `replace` in it asks for a fresh worker (state that cannot be undone, or a
+        sentinel that drifted)."""
+        t_start = time.perf_counter()
+        first = self.guard is None
+        self._start_guards()
+        # where the worker's time goes, per phase (seconds): checks, timed runs (with their own checks), the
+        # honesty checks, the state check and the sentinel (and, for a worker's first candidate, its start)
         phases: dict[str, float] = {}
         metrics: dict[str, Any] = {"worker_s": phases}
+        if first:
+            phases["start"] = round(time.perf_counter() - t_start, 4)
+        reply: dict[str, Any]
+        ctx, stream = self._stream()
         t0 = time.perf_counter()
         try:
-            max_abs, max_rel, extra = self.check(module, candidate_hash)
-            metrics.update(max_abs_err=max_abs, max_rel_err=max_rel, **extra)
-            t1 = time.perf_counter()
-            phases["check"] = round(t1 - t0, 4)
-            per_shape = self.timed_runs(module, candidate_hash)
-            phases["timing"] = round(time.perf_counter() - t1, 4)
+            with ctx:
+                reply = self._measure(module, candidate_hash, metrics, phases, t0, stream)
         except Rejected as r:
-            return {"status": "wrong", "reason": r.reason, "metrics": metrics}
-        finally:
-            self._restore_inputs()
+            reply = {"status": r.status, "reason": r.reason, "metrics": metrics}
+        except Exception as exc:  # the candidate raised (a status, a CUDA error): recorded, then its leftovers
+            reply = runtime_error(exc)
+            reply["metrics"] = metrics
+            if reply["fatal"]:  # the CUDA context is gone with it: nothing more to check in this process
+                return reply
+        self._restore_inputs()
+        t3 = time.perf_counter()
+        changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
+        phases["state"] = round(time.perf_counter() - t3, 4)
+        if changes:
+            text = "; ".join(str(c) for c in changes)
+            if reply["status"] in ("ok", "wrong", "implausible"):
+                kept = f" (also {reply['status']}: {reply['reason']})" if reply["status"] != "ok" else ""
+                reply["status"], reply["reason"] = "state_changed", f"changed the measuring process's state: {text}"
+                reply["reason"] += kept
+            metrics["state_changes"] = [str(c) for c in changes]
+            if any(not c.restored for c in changes):
+                reply["replace"] = f"state that cannot be undone: {text}"
+        t4 = time.perf_counter()
+        drift, now = self.sentinel.check()
+        phases["sentinel"] = round(time.perf_counter() - t4, 4)
+        metrics["sentinel_us"] = {k: round(v, 2) for k, v in now.items()}
+        if drift:
+            reply["sentinel_drift"] = drift
+            reply.setdefault("replace", drift)
+        return reply
+
+    def _measure(self, module: Any, candidate_hash: str, metrics: dict[str, Any], phases: dict[str, float],
+                 t0: float, stream: Any) -> dict[str, Any]:
+        max_abs, max_rel, extra = self.check(module, candidate_hash)
+        metrics.update(max_abs_err=max_abs, max_rel_err=max_rel, **extra)
+        t1 = time.perf_counter()
+        phases["check"] = round(t1 - t0, 4)
+        per_shape = self.timed_runs(module, candidate_hash)
+        t2 = time.perf_counter()
+        phases["timing"] = round(t2 - t1, 4)
+        honesty = self.honesty_checks(module, candidate_hash, per_shape, stream)
+        phases["honesty"] = round(time.perf_counter() - t2, 4)
         p = {q: sum(t[q] for t in per_shape.values()) for q in ("p50", "p90", "p99")}
         metrics.update(time_us=p["p50"], time_p90_us=p["p90"], time_p99_us=p["p99"],
                        timing=next(iter(per_shape.values()))["cache"], repeats=int(self.settings["repeats"]),
                        check_runs=int(self.settings["check_runs"]),
                        shapes={n: {"p50_us": t["p50"], "p90_us": t["p90"], "p99_us": t["p99"],
-                                   "checked_calls": t["checked_calls"],
-                                   "fingerprinted_calls": t["fingerprinted_calls"]}
+                                   "checked_calls": t["checked_calls"], "input_sets": t["input_sets"],
+                                   "fingerprinted_calls": t["fingerprinted_calls"], **honesty.get(n, {})}
                                for n, t in per_shape.items()})
-        t2 = time.perf_counter()
-        try:
-            base = self._baselines()
-        finally:
-            self._restore_inputs()
-        phases["baselines"] = round(time.perf_counter() - t2, 4)
+        base = self._baselines()
         if base:
             first = next(iter(base))
             metrics["baseline"] = first
@@ -331,13 +599,25 @@ class Session:
             metrics["speedup"] = base[first]["p50"] / p["p50"]
             metrics["baselines_us"] = {b: v["p50"] for b, v in base.items()}
             metrics["speedup_vs"] = {b: v["p50"] / p["p50"] for b, v in base.items()}
-            for name in per_shape:
-                shape = next(e.shape for e in self.task.entries if e.name == name)
-                fl, by = self.task.flops(shape), self.task.min_bytes(shape)
-                secs = per_shape[name]["p50"] * 1e-6
-                metrics["shapes"][name].update(gflops=fl / secs / 1e9 if fl else None,
-                                               gbytes_per_s=by / secs / 1e9 if by else None)
+        for name in per_shape:
+            shape = next(e.shape for e in self.task.entries if e.name == name)
+            fl, by = self.task.flops(shape), self.task.min_bytes(shape)
+            secs = per_shape[name]["p50"] * 1e-6
+            metrics["shapes"][name].update(gflops=fl / secs / 1e9 if fl else None,
+                                           gbytes_per_s=by / secs / 1e9 if by else None)
         return {"status": "ok", "reason": "", "metrics": metrics}
+
+    def hello(self) -> dict[str, Any]:
+        """What the worker measures with (after the guards started): sentinel times, state, device peaks."""
+        self._start_guards()
+        return {"ok": True, **self.started}
+
+
+def _alternate(call, sets: list[InputSet]):
+    """A zero-argument function whose k-th call runs `call(sets[k % len(sets)])` (the timing hooks number calls
+    the same way, warm-up included)."""
+    counter = itertools.count()
+    return lambda: call(sets[next(counter) % len(sets)])
 
 
     # ---- re-timing of the finalists ---------------------------------------------------------------------------
@@ -350,6 +630,7 @@ class Session:
         from evoengineer.compiler.steps import load_module
 
         session, rounds, repeats = str(msg["session"]), int(msg["rounds"]), int(msg["repeats"])
+        self._start_guards()
         warmup = max(1, int(self.settings["warmup"]) // 4)
         sets = {e.name: self._input_set(e, self._seed(e.name, 0, f"retime/{session}"), with_ref=True)
                 for e in self.task.entries if e.time}
@@ -392,14 +673,25 @@ class Session:
         order: list[str] = []
         from evoengineer.evaluators.retiming import median, round_robin
 
+        streams = {h: self._stream() for h in loaded}
         for turn in round_robin(list(loaded), rounds):
             for h in turn:
+                if h in dropped:
+                    continue
                 module = loaded[h]
                 per_round = []
-                for n, s in sets.items():  # a candidate's time is the sum over the timed shapes, as in the search
-                    t = self._time_n(lambda module=module, s=s, out=outs[h][n]: self.task.launch(module, s.inputs, out),
-                                     warmup, repeats)
-                    per_round.append(t)
+                ctx, stream = streams[h]
+                with ctx:
+                    for n, s in sets.items():  # a candidate's time is the sum over the timed shapes, as in the search
+                        t = self._time_n(lambda module=module, s=s, out=outs[h][n]:
+                                         self.task.launch(module, s.inputs, out), warmup, repeats)
+                        per_round.append(t)
+                changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
+                if changes:  # restored; the finalist cannot be an elite
+                    dropped[h] = {"status": "state_changed", "reason": "changed the measuring process's state: "
+                                  + "; ".join(str(c) for c in changes)}
+                    samples.pop(h, None)
+                    continue
                 samples[h].append([sum(x) for x in zip(*per_round)])
                 order.append(h)
             if base_fn is not None:
@@ -440,6 +732,9 @@ def main() -> None:
             if msg["cmd"] == "init":
                 session = Session(msg)
                 reply({"ok": True})
+            elif msg["cmd"] == "hello":
+                assert session is not None, "hello before init"
+                reply(session.hello())
             elif msg["cmd"] == "baselines":
                 assert session is not None, "baselines before init"
                 session.add_baselines(msg["baselines"])
@@ -453,12 +748,17 @@ def main() -> None:
             elif msg["cmd"] == "quit":
                 break
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
-            fatal = any(m in text for m in CUDA_FATAL)
-            reply({"status": "runtime_error", "reason": text.strip()[:600], "metrics": {}, "fatal": fatal,
-                   "trace": traceback.format_exc()[-2000:]})
-            if fatal:  # a sticky CUDA error poisons the context: let the parent start a fresh worker
+            r = runtime_error(exc)
+            reply(r)
+            if r["fatal"]:  # a sticky CUDA error poisons the context: let the parent start a fresh worker
                 break
+
+
+def runtime_error(exc: BaseException) -> dict[str, Any]:
+    """The reply for an exception out of a candidate or a command; `fatal` when the CUDA context is lost."""
+    text = f"{type(exc).__name__}: {exc}"
+    return {"status": "runtime_error", "reason": text.strip()[:600], "metrics": {},
+            "fatal": any(m in text for m in CUDA_FATAL), "trace": traceback.format_exc()[-2000:]}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,238 @@
+"""A fixed reference workload timed when the measuring process starts and after every candidate.
+
+If a candidate changed how this process (or device) runs work in a way `StateGuard` does not see or cannot undo, the
+sentinel's time moves: the worker reports the drift, the evaluator replaces the process and measures that candidate
+again in a fresh one (evaluators/local.py). Every candidate, because it is cheap: on a GPU three small workloads of
+~10 calls each (~1-3 ms in all, against ~0.2 s of checks and timing per candidate); on the CPU a few ms of an OpenMP
+loop built with the candidates' compiler (so it runs on the same OpenMP runtime, thread team and affinity as they do).
+
+Workloads (each timed as the median of `REPEATS` calls, warm):
+* CUDA: `l2` a copy whose source and destination fit in a quarter of L2 (slows when L2 is set aside for persisting
+  lines or polluted by them), `hbm` a copy four times the L2 size (memory clock, bandwidth), `mma` a half-precision
+  matrix product (SM clocks, tensor cores);
+* CPU: `omp` an OpenMP loop over every thread of the team (thread count, affinity), `torch` a torch reduction on its
+  own thread pool.
+
+The tolerance is measured: the start-up runs' spread, times 5, at least 15% on a GPU and 30% on the CPU. A drift of
+the honest twin after the planted poisoners was 2x-12x.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE_SOURCE = r"""
+// EvoEngineer's CPU probe: a sentinel workload on the OpenMP team, and the team's floating-point environment.
+#include <cfenv>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include <omp.h>
+
+extern "C" double evo_probe_work(int64_t n, int inner) {
+    static std::vector<float> x, y;
+    if ((int64_t)x.size() != n) {
+        x.assign(n, 0.0f);
+        y.assign(n, 0.0f);
+        for (int64_t i = 0; i < n; ++i) x[i] = 1.0f + (float)(i % 97) * 0.01f;
+    }
+    float* xp = x.data();
+    float* yp = y.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        float a = xp[i], acc = 0.0f;
+        for (int k = 0; k < inner; ++k) acc = acc * 0.999f + a * (float)k;
+        yp[i] = acc;
+    }
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i += 1024) s += yp[i];
+    return s;
+}
+
+// Each OpenMP thread's fenv_t (bytes) into out[thread * stride]; returns the team size (at most cap).
+extern "C" int evo_probe_team_fenv(unsigned char* out, int stride, int cap) {
+    int team = 0;
+#pragma omp parallel
+    {
+        const int t = omp_get_thread_num();
+#pragma omp single
+        team = omp_get_num_threads();
+        if (t < cap) {
+            fenv_t env;
+            fegetenv(&env);
+            std::memcpy(out + (int64_t)t * stride, &env, sizeof(env) < (size_t)stride ? sizeof(env) : stride);
+        }
+    }
+    return team < cap ? team : cap;
+}
+
+extern "C" void evo_probe_set_team_fenv(const unsigned char* env) {
+#pragma omp parallel
+    {
+        fenv_t e;
+        std::memcpy(&e, env, sizeof(e));
+        fesetenv(&e);
+    }
+}
+"""
+
+REPEATS = 9
+START_RUNS = 5
+MIN_TOLERANCE = {"cuda": 0.15, "cpu": 0.30}
+
+
+class CpuProbe:
+    """The probe library, built once per compiler into the build cache (None where there is no compiler)."""
+
+    FENV_BYTES = 64
+
+    def __init__(self, so: Path):
+        self.lib = ctypes.CDLL(str(so))
+        self.lib.evo_probe_work.restype = ctypes.c_double
+        self.lib.evo_probe_work.argtypes = [ctypes.c_int64, ctypes.c_int]
+        self.lib.evo_probe_team_fenv.restype = ctypes.c_int
+        self.lib.evo_probe_team_fenv.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+
+    @classmethod
+    def build(cls, cache_dir: Path) -> "CpuProbe | None":
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        if not cxx:
+            return None
+        try:
+            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        key = hashlib.sha256(f"{PROBE_SOURCE}\n{cxx}\n{version}".encode()).hexdigest()[:16]
+        out = Path(cache_dir) / "probe" / key
+        so = out / "evo_probe.so"
+        if not so.exists():
+            from evoengineer.compiler.steps import dir_lock
+
+            with dir_lock(out):
+                if not so.exists():
+                    src = out / "evo_probe.cpp"
+                    src.write_text(PROBE_SOURCE)
+                    tmp = out / f"evo_probe.{os.getpid()}.so"
+                    r = subprocess.run([cxx, "-O2", "-fopenmp", "-shared", "-fPIC", "-o", str(tmp), str(src)],
+                                       capture_output=True, text=True, timeout=300)
+                    if r.returncode != 0:
+                        return None
+                    os.replace(tmp, so)
+        try:
+            return cls(so)
+        except OSError:
+            return None
+
+    def work(self, n: int, inner: int) -> None:
+        self.lib.evo_probe_work(n, inner)
+
+    def team_fenv(self) -> list[ctypes.Array]:
+        cap = 1024
+        raw = ctypes.create_string_buffer(cap * self.FENV_BYTES)
+        n = self.lib.evo_probe_team_fenv(raw, self.FENV_BYTES, cap)
+        out = []
+        for t in range(n):
+            b = ctypes.create_string_buffer(self.FENV_BYTES)
+            ctypes.memmove(b, ctypes.byref(raw, t * self.FENV_BYTES), self.FENV_BYTES)
+            out.append(b)
+        return out
+
+    def set_team_fenv(self, env: ctypes.Array) -> None:
+        self.lib.evo_probe_set_team_fenv(env)
+
+
+class Sentinel:
+    """The reference workload of one backend: `start()` records its times and noise; `check()` says whether it
+    drifted beyond the noise since."""
+
+    def __init__(self, device: str, probe: CpuProbe | None = None):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.probe = probe
+        self.workloads = self._workloads()
+        self.base: dict[str, float] = {}
+        self.tolerance = MIN_TOLERANCE[device]
+
+    def _workloads(self) -> dict[str, Any]:
+        torch = self.torch
+        if self.device == "cuda":
+            l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or (40 << 20)
+            small = torch.empty(max(l2 // 8, 1 << 16), dtype=torch.uint8, device="cuda")
+            small_dst = torch.empty_like(small)
+            big = torch.empty(4 * l2, dtype=torch.uint8, device="cuda")
+            big_dst = torch.empty_like(big)
+            small.random_(0, 255)
+            big.random_(0, 255)
+            a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+            b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+            c = torch.empty(2048, 2048, device="cuda", dtype=torch.float16)
+            return {"l2": lambda: small_dst.copy_(small), "hbm": lambda: big_dst.copy_(big),
+                    "mma": lambda: torch.mm(a, b, out=c)}
+        x = torch.randn(1 << 20)
+        loads: dict[str, Any] = {"torch": lambda: x.sum()}
+        if self.probe is not None:
+            probe = self.probe
+            loads = {"omp": lambda: probe.work(1 << 15, 64), **loads}
+        return loads
+
+    def measure(self) -> dict[str, float]:
+        """Median microseconds per workload (warm: one untimed call first)."""
+        torch = self.torch
+        out = {}
+        for name, fn in self.workloads.items():
+            fn()
+            if self.device == "cuda":
+                ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(REPEATS)]
+                for s, e in ev:
+                    s.record()
+                    fn()
+                    e.record()
+                torch.cuda.synchronize()
+                out[name] = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+            else:
+                times = []
+                for _ in range(REPEATS):
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    times.append((time.perf_counter_ns() - t0) / 1e3)
+                out[name] = statistics.median(times)
+        return out
+
+    def start(self) -> dict[str, Any]:
+        """Time the workloads START_RUNS times: their medians are the reference, their spread sets the tolerance."""
+        runs = [self.measure() for _ in range(START_RUNS)]
+        self.base = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        spread = max((max(r[k] for r in runs) - min(r[k] for r in runs)) / self.base[k] for k in self.base)
+        self.tolerance = max(MIN_TOLERANCE[self.device], 5 * spread)
+        return {"us": {k: round(v, 2) for k, v in self.base.items()}, "tolerance": round(self.tolerance, 3)}
+
+    def check(self) -> tuple[str | None, dict[str, float]]:
+        """(what drifted or None, the times now). A first drift is measured once more before it counts: one
+        interrupted run is not drift."""
+        now = self.measure()
+        drift = self._drift(now)
+        if drift:
+            now = self.measure()
+            drift = self._drift(now)
+        return drift, now
+
+    def _drift(self, now: dict[str, float]) -> str | None:
+        off = []
+        for k, base in self.base.items():
+            r = now[k] / base if base > 0 else 1.0
+            if r > 1 + self.tolerance or r < 1 / (1 + self.tolerance):
+                off.append(f"{k} {base:.1f} -> {now[k]:.1f} us ({r:.2f}x)")
+        if not off:
+            return None
+        return f"sentinel workload drifted beyond the noise (+-{self.tolerance:.0%}): " + ", ".join(off)

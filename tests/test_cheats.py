@@ -1,0 +1,126 @@
+"""Planted cheats on the CPU: each is rejected (naming what was detected) or timed at its honest cost, and an honest
+kernel measured right after it gets its own time (tests/data/cheats_cpu; the GPU cheats: test_gpu_integrity.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evoengineer.evaluators.worker import Session
+from evoengineer.space import load_space
+
+DATA = Path(__file__).parent / "data"
+
+#: cheat -> (status, words in the reason)
+CHEATS = {
+    "omp_threads": ("state_changed", "OpenMP (libgomp.so.1) max threads"),
+    "ftz": ("state_changed", "floating-point environment: flush-to-zero False -> True"),
+    "ftz_team": ("state_changed", "floating-point environment of OpenMP threads"),
+    "rounding": ("state_changed", "floating-point environment: rounding 'nearest' -> 'up'"),
+    "setenv": ("state_changed", "environment variable OMP_NUM_THREADS None -> '1'"),
+    "affinity": ("state_changed", "CPU affinity of thread"),
+    "memo_ptr": ("wrong", "returned the output of input set"),
+    "memo_content": ("implausible", "calls on inputs it had not seen took"),
+    "spin_thread": ("state_changed", "threads left running"),
+}
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory, build_cache):
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    d = tmp_path_factory.mktemp("cheats") / "cheats_cpu"
+    shutil.copytree(DATA / "cheats_cpu", d)
+    space = load_space(d / "cheats_space.toml")
+    f = CandidateFactory(space)
+    ev = LocalEvaluator(space, cache_dir=build_cache, build_jobs=2)
+    honest = f.make({"CHEAT": "none", "WORK": 2})
+    planted = {c: f.make({"CHEAT": c, "WORK": 2}) for c in [*CHEATS, "late_thread"]}
+    for c in [honest, *planted.values()]:  # every build first: a build beside a CPU measurement is noise
+        assert ev.build(c)["status"] == "ok"
+    yield ev, honest, planted
+    ev.close()
+
+
+def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheats):
+    ev, honest, planted = cheats
+    before = ev.evaluate(honest)
+    assert before.status == "ok", before
+    assert {"state", "sentinel", "honesty"} <= set(before.metrics["worker_s"])
+    for cheat, (status, words) in CHEATS.items():
+        m = ev.evaluate(planted[cheat])
+        assert m.status == status and words in m.reason, (cheat, m.status, m.reason)
+        after = ev.evaluate(honest)
+        assert after.status == "ok", (cheat, after)
+        ratio = after.time_us / before.time_us
+        # within the noise of a loaded 2-core machine (the poisoners slow it 2x and more when not undone)
+        assert 0.6 < ratio < 1.5, (cheat, before.time_us, after.time_us)
+        assert not after.metrics.get("state_changes"), (cheat, after.metrics.get("state_changes"))
+
+
+def test_a_thread_left_running_replaces_the_worker_and_restorable_state_does_not(cheats):
+    ev, honest, planted = cheats
+    assert ev.evaluate(honest).status == "ok"
+    n = ev.workers_started
+    assert ev.evaluate(planted["omp_threads"]).status == "state_changed"
+    assert ev.evaluate(honest).status == "ok" and ev.workers_started == n  # undone in place
+    assert ev.evaluate(planted["spin_thread"]).status == "state_changed"
+    assert ev.evaluate(honest).status == "ok" and ev.workers_started == n + 1  # cannot be undone: a fresh worker
+    assert any("threads left running" in r for r in ev.replaced)
+
+
+def test_work_finished_by_a_thread_after_the_call_returned(cheats):
+    ev, honest, planted = cheats
+    m = ev.evaluate(planted["late_thread"])
+    assert m.status in ("wrong", "state_changed"), m
+    assert any(w in m.reason for w in ("NaN/Inf", "unwritten", "threads left running", "differ")), m.reason
+    assert ev.evaluate(honest).status == "ok"
+
+
+def test_the_guard_restores_what_it_records():
+    """StateGuard alone: OpenMP team size, the calling thread's FP environment and an environment variable,
+    changed from Python, are reported and put back."""
+    import ctypes
+
+    import torch
+
+    from evoengineer.evaluators.process_state import StateGuard
+
+    g = StateGuard("cpu")
+    n = torch.get_num_threads()
+    libc = ctypes.CDLL(None)
+    torch.set_num_threads(max(1, n - 1) if n > 1 else 2)
+    libc.fesetround(0x800)  # FE_UPWARD on x86-64
+    libc.setenv(b"EVO_GUARD_TEST", b"1", 1)
+    try:
+        changes = g.check()
+    finally:
+        libc.fesetround(0)
+        libc.unsetenv(b"EVO_GUARD_TEST")
+        torch.set_num_threads(n)
+    text = "; ".join(str(c) for c in changes)
+    assert "max threads" in text or "torch intra-op threads" in text, text
+    assert "rounding 'nearest' -> 'up'" in text and "EVO_GUARD_TEST None -> '1'" in text, text
+    assert all(c.restored for c in changes), text
+    assert torch.get_num_threads() == n and libc.fegetround() == 0 and g.check() == []
+
+
+def test_physics_gate_rejects_a_time_no_cpu_reaches():
+    from evoengineer.evaluators.physics import PhysicsGate
+
+    gate = PhysicsGate("cpu", l2_flush=False)
+    gate.prepare(8 << 20)
+    assert gate.verdict(time_us=1e6, min_bytes=8 << 20, flops=0) is None
+    why = gate.verdict(time_us=0.01, min_bytes=8 << 20, flops=0)
+    assert why and "measured copy" in why
+
+
+def test_session_reports_what_it_measures_with():
+    space = load_space(DATA / "cheats_cpu" / "cheats_space.toml")
+    s = Session({"space_text": space.text, "space_path": str(space.path), "seed": 1})
+    hello = s.hello()
+    assert hello["ok"] and set(hello["sentinel"]["us"]) >= {"torch"} and hello["sentinel"]["tolerance"] >= 0.3
+    assert hello["state"]["fenv"]["rounding"] == "nearest" and hello["state"]["openmp"]
