@@ -612,14 +612,6 @@ class Session:
         self._start_guards()
         return {"ok": True, **self.started}
 
-
-def _alternate(call, sets: list[InputSet]):
-    """A zero-argument function whose k-th call runs `call(sets[k % len(sets)])` (the timing hooks number calls
-    the same way, warm-up included)."""
-    counter = itertools.count()
-    return lambda: call(sets[next(counter) % len(sets)])
-
-
     # ---- re-timing of the finalists ---------------------------------------------------------------------------
     def retime(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time the finalists together on fresh inputs: `rounds` rounds, each timing every candidate (and the first
@@ -711,6 +703,13 @@ def _alternate(call, sets: list[InputSet]):
 
         return time_samples(fn, device=self.task.device, warmup=warmup, repeats=repeats,
                             flush_l2=bool(self.settings["l2_flush"]))
+
+
+def _alternate(call, sets: list[InputSet]):
+    """A zero-argument function whose k-th call runs `call(sets[k % len(sets)])` (the timing hooks number calls
+    the same way, warm-up included)."""
+    counter = itertools.count()
+    return lambda: call(sets[next(counter) % len(sets)])
 
 
 def main() -> None:

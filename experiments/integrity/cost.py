@@ -49,11 +49,21 @@ def search(tree: Path, work: Path, cache: Path, space: str, budget: int, tag: st
     for s, _ in rows:
         statuses[s] = statuses.get(s, 0) + 1
     elite = json.loads((work / "elite.json").read_text())
+    # the worker's seconds per phase (median over the candidates measured ok; a worker's first candidate aside)
+    phases: dict[str, list[float]] = {}
+    for s, m in rows:
+        w = m.get("worker_s") or {}
+        if s == "ok" and "start" not in w:
+            for k, v in w.items():
+                phases.setdefault(k, []).append(v)
+    worker_s = {k: round(statistics.median(v), 4) for k, v in phases.items()}
     return {"tag": tag, "wall_s": round(wall, 2), "candidates": len(rows), "s_per_candidate": round(wall / len(rows), 4),
             "statuses": statuses, "best_us": min(ok) if ok else None,
             "measure_s_median": round(statistics.median(measure), 4) if measure else None,
             "sanitizer_wall_s": round(max(sanitizer, default=0.0), 2),
-            "sanitized": len(sanitizer), "certified": [e.get("certified") for e in elite["elites"]]}
+            "sanitized": len(sanitizer), "certified": [e.get("certified") for e in elite["elites"]],
+            "worker_s_median": worker_s, "worker_s_total_median": round(sum(worker_s.values()), 4),
+            "remeasured_after_sentinel_drift": sum(1 for _, m in rows if "remeasured" in m or "sentinel_drifts" in m)}
 
 
 def measure_list(tree: Path, cache: Path, space: str, params_file: Path, tag: str) -> dict:
@@ -123,6 +133,7 @@ def main() -> None:
         out["searches"].append(r)
         print(f"{r['tag']:24s} {r['wall_s']:8.1f} {r['candidates']:6d} {r['s_per_candidate']:8.3f} "
               f"{r['sanitizer_wall_s']:8.1f} {r['best_us']}", flush=True)
+        print(f"  worker s per ok candidate (median by phase): {r['worker_s_median']}", flush=True)
         save()
     con = sqlite3.connect(work / "checks_cold" / "store.db")
     params = [json.loads(p) for (p,) in con.execute("select params from candidates order by seq")]

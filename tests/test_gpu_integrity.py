@@ -1,0 +1,92 @@
+"""GPU cheats (skipped without CUDA): persisting L2 and device limits left behind, work on a stream of the candidate's
+own, a kernel that does nothing inside CUDA graph capture (tests/data/cheats_cuda). Each is named; an honest kernel
+measured right after each gets its own time."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from evoengineer.candidate import CandidateFactory  # noqa: E402
+from evoengineer.space import load_space  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+#: cheat -> (statuses, words one of which is in the reason)
+CHEATS = {
+    "persist_l2": (("state_changed",), ("CUDA limit persisting L2 cache size",)),
+    "limits": (("state_changed",), ("CUDA limit stack size",)),
+    "side_stream": (("wrong", "implausible"), ("another stream", "unwritten", "NaN/Inf", "differ", "output of input")),
+    "graph_skip": (("wrong",), ("replay of a CUDA graph",)),
+}
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory, build_cache):
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    d = tmp_path_factory.mktemp("cheats") / "cheats_cuda"
+    shutil.copytree(DATA / "cheats_cuda", d)
+    space = load_space(d / "cheats_space.toml")
+    f = CandidateFactory(space)
+    ev = LocalEvaluator(space, cache_dir=build_cache)
+    honest = f.make({"CHEAT": "none", "THREADS": 256})
+    planted = {c: f.make({"CHEAT": c, "THREADS": 256}) for c in CHEATS}
+    for c in [honest, *planted.values()]:
+        assert ev.build(c)["status"] == "ok"
+    yield ev, honest, planted
+    ev.close()
+
+
+def test_gpu_cheats_are_named_and_the_honest_kernel_after_each_keeps_its_time(cheats):
+    ev, honest, planted = cheats
+    before = ev.evaluate(honest)
+    assert before.status == "ok", before
+    shape = before.metrics["shapes"]["timed"]
+    assert shape["graph_us"] > 0 and shape["offstream_s"] < 1e-3 and len(shape["novel_us"]) == 2
+    for cheat, (statuses, words) in CHEATS.items():
+        m = ev.evaluate(planted[cheat])
+        print(f"{cheat}: {m.status}: {m.reason}")
+        assert m.status in statuses and any(w in m.reason for w in words), (cheat, m.status, m.reason)
+        after = ev.evaluate(honest)
+        assert after.status == "ok", (cheat, after)
+        ratio = after.time_us / before.time_us
+        print(f"  honest kernel after it: {after.time_us:.2f} us against {before.time_us:.2f} us before ({ratio:.3f})")
+        assert 0.8 < ratio < 1.25, (cheat, before.time_us, after.time_us)
+    assert "persisting" in ev.evaluate(planted["persist_l2"]).reason
+
+
+def test_the_guard_undoes_persisting_l2_and_limits():
+    from evoengineer.evaluators.process_state import StateGuard, _CudaContext
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    g = StateGuard("cuda")
+    cu = _CudaContext()
+    import ctypes
+
+    props = torch.cuda.get_device_properties(0)
+    want = getattr(props, "persisting_l2_cache_max_size", 0) or (4 << 20)
+    assert cu.cu.cuCtxSetLimit(ctypes.c_int(6), ctypes.c_size_t(want)) == 0
+    assert cu.cu.cuCtxSetLimit(ctypes.c_int(0), ctypes.c_size_t(32 * 1024)) == 0
+    changes = g.check()
+    text = "; ".join(str(c) for c in changes)
+    assert "persisting L2 cache size 0 ->" in text and "stack size" in text and all(c.restored for c in changes), text
+    assert g.check() == []
+
+
+def test_physics_gate_on_this_gpu():
+    from evoengineer.evaluators.physics import PhysicsGate
+
+    torch.zeros(1, device="cuda")
+    gate = PhysicsGate("cuda", l2_flush=True)
+    p = gate.peaks
+    assert 1e12 < p.dram_bytes_s < 2e13 and p.flops_s > 1e14, p
+    assert gate.verdict(time_us=1000.0, min_bytes=1 << 30, flops=10**9) is None
+    assert "DRAM peak" in gate.verdict(time_us=10.0, min_bytes=1 << 30, flops=0)
+    assert "TFLOP/s" in gate.verdict(time_us=10.0, min_bytes=0, flops=10**13)
