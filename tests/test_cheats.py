@@ -64,12 +64,16 @@ def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheat
 def test_a_thread_left_running_replaces_the_worker_and_restorable_state_does_not(cheats):
     ev, honest, planted = cheats
     assert ev.evaluate(honest).status == "ok"
-    n = ev.workers_started
+    n = len(ev.replaced)
     assert ev.evaluate(planted["omp_threads"]).status == "state_changed"
-    assert ev.evaluate(honest).status == "ok" and ev.workers_started == n  # undone in place
+    assert ev.evaluate(honest).status == "ok"
+    assert not any("OpenMP" in r for r in ev.replaced[n:]), ev.replaced  # undone in place
     assert ev.evaluate(planted["spin_thread"]).status == "state_changed"
-    assert ev.evaluate(honest).status == "ok" and ev.workers_started == n + 1  # cannot be undone: a fresh worker
-    assert any("threads left running" in r for r in ev.replaced)
+    started = ev.workers_started
+    assert ev.evaluate(honest).status == "ok"
+    # cannot be undone: the worker was replaced, the next candidate measured in a fresh one
+    assert any("threads left running" in r for r in ev.replaced[n:]), ev.replaced
+    assert ev.worker is not None and ev.workers_started >= started
 
 
 def test_work_finished_by_a_thread_after_the_call_returned(cheats):
@@ -122,5 +126,6 @@ def test_session_reports_what_it_measures_with():
     space = load_space(DATA / "cheats_cpu" / "cheats_space.toml")
     s = Session({"space_text": space.text, "space_path": str(space.path), "seed": 1})
     hello = s.hello()
-    assert hello["ok"] and set(hello["sentinel"]["us"]) >= {"torch"} and hello["sentinel"]["tolerance"] >= 0.3
+    tolerance = hello["sentinel"]["tolerance"]
+    assert hello["ok"] and set(hello["sentinel"]["us"]) >= {"torch"} and min(tolerance.values()) >= 0.3
     assert hello["state"]["fenv"]["rounding"] == "nearest" and hello["state"]["openmp"]

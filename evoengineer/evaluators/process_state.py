@@ -37,6 +37,7 @@ _OMP_SCHEDULES = {1: "static", 2: "dynamic", 3: "guided", 4: "auto"}
 _CU_LIMITS = {0: "stack size", 1: "printf FIFO size", 2: "malloc heap size", 3: "device-runtime sync depth",
               4: "device-runtime pending launches", 5: "max L2 fetch granularity", 6: "persisting L2 cache size"}
 _CU_STREAM_ATTR_ACCESS_POLICY_WINDOW = 1
+_CU_CTX_LMEM_RESIZE_TO_MAX = 0x10
 #: environment variables not watched: pytest rewrites this one around every test of a process that hosts a Session
 UNWATCHED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
@@ -191,7 +192,9 @@ class _CudaContext:
         if self.has_flags:
             flags = ctypes.c_uint()
             if self.cu.cuCtxGetFlags(ctypes.byref(flags)) == 0:
-                out["context flags"] = int(flags.value)
+                # CU_CTX_LMEM_RESIZE_TO_MAX (0x10) is set by the driver itself once a kernel needed more local
+                # memory: not a candidate's doing
+                out["context flags"] = int(flags.value) & ~_CU_CTX_LMEM_RESIZE_TO_MAX
         return out
 
     def restore(self, key: str, value: Any) -> bool:
@@ -201,7 +204,9 @@ class _CudaContext:
         if key == "cache config":
             return self.cu.cuCtxSetCacheConfig(ctypes.c_int(value)) == 0
         if key == "context flags":
-            return self.cu.cuCtxSetFlags(ctypes.c_uint(value)) == 0
+            flags = ctypes.c_uint()
+            self.cu.cuCtxGetFlags(ctypes.byref(flags))
+            return self.cu.cuCtxSetFlags(ctypes.c_uint(value | (flags.value & _CU_CTX_LMEM_RESIZE_TO_MAX))) == 0
         return False
 
     def reset_persisting_l2(self) -> None:

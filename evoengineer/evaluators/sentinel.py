@@ -6,15 +6,18 @@ again in a fresh one (evaluators/local.py). Every candidate, because it is cheap
 ~10 calls each (~1-3 ms in all, against ~0.2 s of checks and timing per candidate); on the CPU a few ms of an OpenMP
 loop built with the candidates' compiler (so it runs on the same OpenMP runtime, thread team and affinity as they do).
 
-Workloads (each timed as the median of `REPEATS` calls, warm):
+Workloads (each timed as the fastest of `REPEATS` calls after `WARM` untimed ones: the question is whether the
+machine can still run it as fast as it did, and the fastest call is the one transient interference, clock ramps or
+the previous candidate's leftover dirty lines touch least):
 * CUDA: `l2` a copy whose source and destination fit in a quarter of L2 (slows when L2 is set aside for persisting
-  lines or polluted by them), `hbm` a copy four times the L2 size (memory clock, bandwidth), `mma` a half-precision
+  lines or polluted by them), `hbm` a copy twice the L2 size (memory clock, bandwidth), `mma` a half-precision
   matrix product (SM clocks, tensor cores);
 * CPU: `omp` an OpenMP loop over every thread of the team (thread count, affinity), `torch` a torch reduction on its
   own thread pool.
 
-The tolerance is measured: the start-up runs' spread, times 5, at least 15% on a GPU and 30% on the CPU. A drift of
-the honest twin after the planted poisoners was 2x-12x.
+The tolerance is measured per workload: the start-up runs' spread, times 4, at least 25% on a GPU (an H200's clocks
+moved its fastest matrix product by up to 20% between candidates of a search) and 30% on the CPU. A drift of the
+honest twin after the planted poisoners was 1.3x-12x.
 """
 
 from __future__ import annotations
@@ -84,9 +87,9 @@ extern "C" void evo_probe_set_team_fenv(const unsigned char* env) {
 }
 """
 
-REPEATS = 9
+WARM, REPEATS = 2, 9
 START_RUNS = 5
-MIN_TOLERANCE = {"cuda": 0.15, "cpu": 0.30}
+MIN_TOLERANCE = {"cuda": 0.25, "cpu": 0.30}
 
 
 class CpuProbe:
@@ -161,7 +164,7 @@ class Sentinel:
         self.probe = probe
         self.workloads = self._workloads()
         self.base: dict[str, float] = {}
-        self.tolerance = MIN_TOLERANCE[device]
+        self.tolerance: dict[str, float] = {}
 
     def _workloads(self) -> dict[str, Any]:
         torch = self.torch
@@ -169,7 +172,7 @@ class Sentinel:
             l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or (40 << 20)
             small = torch.empty(max(l2 // 8, 1 << 16), dtype=torch.uint8, device="cuda")
             small_dst = torch.empty_like(small)
-            big = torch.empty(4 * l2, dtype=torch.uint8, device="cuda")
+            big = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
             big_dst = torch.empty_like(big)
             small.random_(0, 255)
             big.random_(0, 255)
@@ -186,11 +189,12 @@ class Sentinel:
         return loads
 
     def measure(self) -> dict[str, float]:
-        """Median microseconds per workload (warm: one untimed call first)."""
+        """Microseconds of the fastest timed call per workload."""
         torch = self.torch
         out = {}
         for name, fn in self.workloads.items():
-            fn()
+            for _ in range(WARM):
+                fn()
             if self.device == "cuda":
                 ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(REPEATS)]
@@ -199,23 +203,25 @@ class Sentinel:
                     fn()
                     e.record()
                 torch.cuda.synchronize()
-                out[name] = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+                out[name] = min(s.elapsed_time(e) * 1e3 for s, e in ev)
             else:
                 times = []
                 for _ in range(REPEATS):
                     t0 = time.perf_counter_ns()
                     fn()
                     times.append((time.perf_counter_ns() - t0) / 1e3)
-                out[name] = statistics.median(times)
+                out[name] = min(times)
         return out
 
     def start(self) -> dict[str, Any]:
-        """Time the workloads START_RUNS times: their medians are the reference, their spread sets the tolerance."""
+        """Time the workloads START_RUNS times: their medians are the reference, their spread the tolerance."""
         runs = [self.measure() for _ in range(START_RUNS)]
         self.base = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        spread = max((max(r[k] for r in runs) - min(r[k] for r in runs)) / self.base[k] for k in self.base)
-        self.tolerance = max(MIN_TOLERANCE[self.device], 5 * spread)
-        return {"us": {k: round(v, 2) for k, v in self.base.items()}, "tolerance": round(self.tolerance, 3)}
+        for k, base in self.base.items():
+            spread = (max(r[k] for r in runs) - min(r[k] for r in runs)) / base if base > 0 else 0.0
+            self.tolerance[k] = max(MIN_TOLERANCE[self.device], 4 * spread)
+        return {"us": {k: round(v, 2) for k, v in self.base.items()},
+                "tolerance": {k: round(v, 3) for k, v in self.tolerance.items()}}
 
     def check(self) -> tuple[str | None, dict[str, float]]:
         """(what drifted or None, the times now). A first drift is measured once more before it counts: one
@@ -230,9 +236,9 @@ class Sentinel:
     def _drift(self, now: dict[str, float]) -> str | None:
         off = []
         for k, base in self.base.items():
-            r = now[k] / base if base > 0 else 1.0
-            if r > 1 + self.tolerance or r < 1 / (1 + self.tolerance):
-                off.append(f"{k} {base:.1f} -> {now[k]:.1f} us ({r:.2f}x)")
+            r, tol = (now[k] / base if base > 0 else 1.0), self.tolerance[k]
+            if r > 1 + tol or r < 1 / (1 + tol):
+                off.append(f"{k} {base:.1f} -> {now[k]:.1f} us ({r:.2f}x, noise +-{tol:.0%})")
         if not off:
             return None
-        return f"sentinel workload drifted beyond the noise (+-{self.tolerance:.0%}): " + ", ".join(off)
+        return "sentinel workload drifted beyond the noise: " + ", ".join(off)

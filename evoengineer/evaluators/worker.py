@@ -58,14 +58,15 @@ class Rejected(Exception):
 #: timed input sets per timed shape: calls alternate between them, in one output buffer
 TIMED_SETS = 2
 #: calls captured in the CUDA graph of the graph check, and replays timed
-GRAPH_CALLS, GRAPH_REPLAYS = 8, 5
+GRAPH_CALLS, GRAPH_REPLAYS = 4, 3
 #: a graph replay slower than this x the eager p50 (+ GRAPH_SLACK_US) disagrees beyond launch-overhead effects
 GRAPH_FACTOR, GRAPH_SLACK_US = 1.25, 2.0
 #: back-to-back calls of the off-stream check; work still running this long after the candidate's stream finished
 #: (at least, or this share of the calls' wall time) was left on another stream
-OFFSTREAM_CALLS, OFFSTREAM_SLACK_S, OFFSTREAM_SHARE = 16, 200e-6, 0.25
-#: calls on never-seen inputs slower than this x the p50 on the repeated timed inputs (+ slack; on the CPU + a
-#: quarter of the p50 more: its single calls are noisier) reused earlier work
+OFFSTREAM_CALLS, OFFSTREAM_SLACK_S, OFFSTREAM_SHARE = 8, 200e-6, 0.25
+#: calls on inputs a candidate never saw (sets made when the worker starts, new to every candidate: a candidate's
+#: memory is its own module's), slower than this x the p50 on the repeated timed inputs (+ slack; on the CPU + a
+#: quarter of the p50 more: its single calls are noisier), reused work of earlier calls
 NOVEL_SETS, NOVEL_FACTOR, NOVEL_SLACK_US = 2, 1.5, {"cuda": 10.0, "cpu": 200.0}
 
 
@@ -103,6 +104,9 @@ class Session:
                 self.sets.append(self._input_set(e, self._seed(e.name, k), with_ref=True))
         self.timed = {e.name: [self._input_set(e, self._seed(e.name, 10_000 + k), with_ref=False)
                                for k in range(TIMED_SETS)]
+                      for e in self.task.entries if e.time}
+        self.novel = {e.name: [self._input_set(e, self._seed(e.name, 20_000 + k), with_ref=False)
+                               for k in range(NOVEL_SETS)]
                       for e in self.task.entries if e.time}
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
@@ -146,7 +150,7 @@ class Session:
 
     def _restore_inputs(self) -> None:
         """Cached inputs are never shared mutable state: back to their pristine bytes before the next candidate."""
-        for s in (*self.sets, *(t for sets in self.timed.values() for t in sets)):
+        for s in (*self.sets, *(t for sets in (*self.timed.values(), *self.novel.values()) for t in sets)):
             s.inputs.verify_and_restore()
 
     def _sync(self) -> None:
@@ -426,11 +430,9 @@ class Session:
 
     def _novel_inputs(self, module: Any, name: str, sets: list[InputSet], eager_us: float,
                       candidate_hash: str) -> list[float]:
-        """Time single calls on input sets made for this candidate (new buffers, new contents), each after a call
-        on a timed set: a candidate that returns work kept from calls it saw before is fast only on those."""
-        entry = sets[0].entry
-        novel = [self._input_set(entry, self._seed(name, 20_000 + k, candidate_hash), with_ref=False)
-                 for k in range(NOVEL_SETS)]
+        """Time single calls on input sets this candidate has not seen (other buffers, other contents), each after a
+        call on a timed set: a candidate that returns work kept from calls it saw before is fast only on those."""
+        novel = self.novel[name]
         outs = [self._output(s) for s in novel]
         warm_out = self.task.new_output(sets[0].inputs)
         for _ in range(2):  # back to steady state after making the new sets (allocator, caches, idle threads)
