@@ -47,6 +47,7 @@ def cheats(tmp_path_factory, build_cache):
 
 def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheats):
     ev, honest, planted = cheats
+    assert ev.evaluate(honest).status == "ok"  # a fresh worker's first candidate: its team and caches warm up
     before = ev.evaluate(honest)
     assert before.status == "ok", before
     assert {"state", "sentinel", "honesty"} <= set(before.metrics["worker_s"])
@@ -100,7 +101,8 @@ def test_the_guard_restores_what_it_records():
     libc.fesetround(0x800)  # FE_UPWARD on x86-64
     libc.setenv(b"EVO_GUARD_TEST", b"1", 1)
     try:
-        changes = g.check()
+        # (threads a busy test process starts meanwhile are not this test's business)
+        changes = [c for c in g.check() if c.what != "threads left running"]
     finally:
         libc.fesetround(0)
         libc.unsetenv(b"EVO_GUARD_TEST")
@@ -109,7 +111,8 @@ def test_the_guard_restores_what_it_records():
     assert "max threads" in text or "torch intra-op threads" in text, text
     assert "rounding 'nearest' -> 'up'" in text and "EVO_GUARD_TEST None -> '1'" in text, text
     assert all(c.restored for c in changes), text
-    assert torch.get_num_threads() == n and libc.fegetround() == 0 and g.check() == []
+    assert torch.get_num_threads() == n and libc.fegetround() == 0
+    assert [c for c in g.check() if c.what != "threads left running"] == []
 
 
 def test_physics_gate_rejects_a_time_no_cpu_reaches():

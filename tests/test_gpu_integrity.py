@@ -21,7 +21,7 @@ DATA = Path(__file__).parent / "data"
 CHEATS = {
     "persist_l2": (("state_changed",), ("CUDA limit persisting L2 cache size",)),
     "limits": (("state_changed",), ("CUDA limit stack size",)),
-    "side_stream": (("wrong", "implausible"), ("another stream", "unwritten", "NaN/Inf", "differ", "output of input")),
+    "side_stream": (("implausible",), ("work left running on another stream",)),
     "graph_skip": (("wrong",), ("replay of a CUDA graph",)),
 }
 
@@ -48,7 +48,7 @@ def test_gpu_cheats_are_named_and_the_honest_kernel_after_each_keeps_its_time(ch
     before = ev.evaluate(honest)
     assert before.status == "ok", before
     shape = before.metrics["shapes"]["timed"]
-    assert shape["graph_us"] > 0 and shape["offstream_s"] < 1e-3 and len(shape["novel_us"]) == 2
+    assert shape["graph_us"] > 0 and shape["offstream_s"] < 1e-3 and len(shape["novel_ratio"]) == 3
     for cheat, (statuses, words) in CHEATS.items():
         m = ev.evaluate(planted[cheat])
         print(f"{cheat}: {m.status}: {m.reason}")
@@ -76,7 +76,7 @@ def test_the_guard_undoes_persisting_l2_and_limits():
     assert cu.cu.cuCtxSetLimit(ctypes.c_int(0), ctypes.c_size_t(32 * 1024)) == 0
     changes = g.check()
     text = "; ".join(str(c) for c in changes)
-    assert "persisting L2 cache size 0 ->" in text and "stack size" in text and all(c.restored for c in changes), text
+    assert "persisting L2 cache size" in text and "stack size" in text and all(c.restored for c in changes), text
     assert g.check() == []
 
 

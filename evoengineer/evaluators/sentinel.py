@@ -2,21 +2,22 @@
 
 If a candidate changed how this process (or device) runs work in a way `StateGuard` does not see or cannot undo, the
 sentinel's time moves: the worker reports the drift, the evaluator replaces the process and measures that candidate
-again in a fresh one (evaluators/local.py). Every candidate, because it is cheap: on a GPU three small workloads of
-~10 calls each (~1-3 ms in all, against ~0.2 s of checks and timing per candidate); on the CPU a few ms of an OpenMP
+again in a fresh one (evaluators/local.py). Every candidate, because it is cheap: on a GPU two small workloads of
+11 calls each (2 ms per candidate on an H200 against 0.24 s of worker time); on the CPU a few ms of an OpenMP
 loop built with the candidates' compiler (so it runs on the same OpenMP runtime, thread team and affinity as they do).
 
 Workloads (each timed as the fastest of `REPEATS` calls after `WARM` untimed ones: the question is whether the
 machine can still run it as fast as it did, and the fastest call is the one transient interference, clock ramps or
 the previous candidate's leftover dirty lines touch least):
 * CUDA: `l2` a copy whose source and destination fit in a quarter of L2 (slows when L2 is set aside for persisting
-  lines or polluted by them), `hbm` a copy twice the L2 size (memory clock, bandwidth), `mma` a half-precision
-  matrix product (SM clocks, tensor cores);
+  lines or polluted by them), `hbm` a copy twice the L2 size (memory clock, bandwidth; a kernel left running
+  slows both). A matrix product was tried and dropped: on an H200 its fastest call moved by up to 1.47x between
+  honest candidates (SM clocks under the previous candidate's power draw);
 * CPU: `omp` an OpenMP loop over every thread of the team (thread count, affinity), `torch` a torch reduction on its
   own thread pool.
 
-The tolerance is measured per workload: the start-up runs' spread, times 4, at least 25% on a GPU (an H200's clocks
-moved its fastest matrix product by up to 20% between candidates of a search) and 30% on the CPU. A drift of the
+The tolerance is measured per workload: the start-up runs' spread, times 4, at least 30% (a 40-candidate search on
+an H200 with a 25% floor and the matrix product re-measured 3 honest candidates). A drift of the
 honest twin after the planted poisoners was 1.3x-12x.
 """
 
@@ -89,7 +90,7 @@ extern "C" void evo_probe_set_team_fenv(const unsigned char* env) {
 
 WARM, REPEATS = 2, 9
 START_RUNS = 5
-MIN_TOLERANCE = {"cuda": 0.25, "cpu": 0.30}
+MIN_TOLERANCE = {"cuda": 0.30, "cpu": 0.30}
 
 
 class CpuProbe:
@@ -176,11 +177,7 @@ class Sentinel:
             big_dst = torch.empty_like(big)
             small.random_(0, 255)
             big.random_(0, 255)
-            a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-            b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-            c = torch.empty(2048, 2048, device="cuda", dtype=torch.float16)
-            return {"l2": lambda: small_dst.copy_(small), "hbm": lambda: big_dst.copy_(big),
-                    "mma": lambda: torch.mm(a, b, out=c)}
+            return {"l2": lambda: small_dst.copy_(small), "hbm": lambda: big_dst.copy_(big)}
         x = torch.randn(1 << 20)
         loads: dict[str, Any] = {"torch": lambda: x.sum()}
         if self.probe is not None:

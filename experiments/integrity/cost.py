@@ -57,7 +57,8 @@ def search(tree: Path, work: Path, cache: Path, space: str, budget: int, tag: st
             for k, v in w.items():
                 phases.setdefault(k, []).append(v)
     worker_s = {k: round(statistics.median(v), 4) for k, v in phases.items()}
-    return {"tag": tag, "wall_s": round(wall, 2), "candidates": len(rows), "s_per_candidate": round(wall / len(rows), 4),
+    return {"tag": tag, "wall_s": round(wall, 2), "candidates": len(rows),
+            "s_per_candidate": round(wall / len(rows), 4),
             "statuses": statuses, "best_us": min(ok) if ok else None,
             "measure_s_median": round(statistics.median(measure), 4) if measure else None,
             "sanitizer_wall_s": round(max(sanitizer, default=0.0), 2),
@@ -107,6 +108,8 @@ def main() -> None:
     ap.add_argument("--space", default="cuda_msda_fp16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--quick", action="store_true", help="one cold search with this tree only, then its candidates "
+                    "through both trees' evaluators (cached builds)")
     ap.add_argument("--measure-list", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -114,6 +117,8 @@ def main() -> None:
         return _measure_list_here(args.measure_list, args.space, args.cache)
     if not args.baseline:
         ap.error("--baseline is required")
+    if args.quick:
+        return quick(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="evo-cost-"))
     trees = {"checks": HERE, "baseline": Path(args.baseline).resolve()}
     caches = {k: work / f"cache_{k}" for k in trees}
@@ -154,6 +159,34 @@ def main() -> None:
     }
     save()
     print("ratios, checks / baseline:", out["ratios"])
+
+
+def quick(args) -> None:
+    """The default search once with this tree (its worker's seconds per phase), then its candidates through this
+    tree's and the baseline's evaluators with every build cached (seconds per evaluation, this tree twice)."""
+    work = Path(args.work or tempfile.mkdtemp(prefix="evo-cost-"))
+    cache = work / "cache"
+    out: dict = {"space": args.space, "budget": args.budget, "mode": "quick"}
+    r = search(HERE, work / "checks_cold", cache, args.space, args.budget, "checks, cold cache")
+    out["search"] = r
+    print(json.dumps(r), flush=True)
+    con = sqlite3.connect(work / "checks_cold" / "store.db")
+    params_file = work / "params.json"
+    params_file.write_text(json.dumps([json.loads(p) for (p,) in con.execute(
+        "select params from candidates order by seq")]))
+    out["lists"] = []
+    for tag, tree in (("checks", HERE), ("baseline", Path(args.baseline).resolve()), ("checks", HERE)):
+        lr = measure_list(tree, cache, args.space, params_file, tag)
+        out["lists"].append(lr)
+        print(json.dumps(lr), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    base = next(x for x in out["lists"] if x["tag"] == "baseline")["median_s"]
+    out["measurement_per_candidate_median_ratio"] = [round(x["median_s"] / base, 3) for x in out["lists"]
+                                                      if x["tag"] == "checks"]
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    print("per evaluation, checks / baseline:", out["measurement_per_candidate_median_ratio"], flush=True)
 
 
 if __name__ == "__main__":
