@@ -186,3 +186,23 @@ def stored_count(db: Path) -> int:
             con.close()
     except sqlite3.Error:
         return 0
+
+
+def planted_cheats(folder: Path, cache: Path, cheats, **genes):
+    """(evaluator, honest candidate, {cheat: candidate}) of a planted-cheats family copied to `folder` (from
+    tests/data/<folder's name>), every build made first (a build beside a CPU measurement is noise). Genes other
+    than CHEAT are `genes`; the caller closes the evaluator."""
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.evaluators.local import LocalEvaluator
+    from evoengineer.space import load_space
+
+    shutil.copytree(DATA / folder.name, folder)
+    space = load_space(folder / "cheats_space.toml")
+    f = CandidateFactory(space)
+    ev = LocalEvaluator(space, cache_dir=cache, build_jobs=2)
+    honest = f.make({"CHEAT": "none", **genes})
+    planted = {c: f.make({"CHEAT": c, **genes}) for c in cheats}
+    for c in [honest, *planted.values()]:
+        assert ev.build(c)["status"] == "ok", c.params
+    return ev, honest, planted
+

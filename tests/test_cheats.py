@@ -3,7 +3,6 @@ kernel measured right after it gets its own time (tests/data/cheats_cpu; the GPU
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,10 @@ CHEATS = {
 
 @pytest.fixture(scope="module")
 def cheats(tmp_path_factory, build_cache):
-    from evoengineer.candidate import CandidateFactory
-    from evoengineer.evaluators.local import LocalEvaluator
+    from conftest import planted_cheats
 
-    d = tmp_path_factory.mktemp("cheats") / "cheats_cpu"
-    shutil.copytree(DATA / "cheats_cpu", d)
-    space = load_space(d / "cheats_space.toml")
-    f = CandidateFactory(space)
-    ev = LocalEvaluator(space, cache_dir=build_cache, build_jobs=2)
-    honest = f.make({"CHEAT": "none", "WORK": 2})
-    planted = {c: f.make({"CHEAT": c, "WORK": 2}) for c in [*CHEATS, "late_thread"]}
-    for c in [honest, *planted.values()]:  # every build first: a build beside a CPU measurement is noise
-        assert ev.build(c)["status"] == "ok"
+    ev, honest, planted = planted_cheats(tmp_path_factory.mktemp("cheats") / "cheats_cpu", build_cache,
+                                         [*CHEATS, "late_thread"], WORK=2)
     yield ev, honest, planted
     ev.close()
 

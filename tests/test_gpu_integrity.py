@@ -4,18 +4,10 @@ measured right after each gets its own time."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-from evoengineer.candidate import CandidateFactory  # noqa: E402
-from evoengineer.space import load_space  # noqa: E402
-
-DATA = Path(__file__).parent / "data"
 
 #: cheat -> (statuses, words one of which is in the reason)
 CHEATS = {
@@ -28,17 +20,10 @@ CHEATS = {
 
 @pytest.fixture(scope="module")
 def cheats(tmp_path_factory, build_cache):
-    from evoengineer.evaluators.local import LocalEvaluator
+    from conftest import planted_cheats
 
-    d = tmp_path_factory.mktemp("cheats") / "cheats_cuda"
-    shutil.copytree(DATA / "cheats_cuda", d)
-    space = load_space(d / "cheats_space.toml")
-    f = CandidateFactory(space)
-    ev = LocalEvaluator(space, cache_dir=build_cache)
-    honest = f.make({"CHEAT": "none", "THREADS": 256})
-    planted = {c: f.make({"CHEAT": c, "THREADS": 256}) for c in CHEATS}
-    for c in [honest, *planted.values()]:
-        assert ev.build(c)["status"] == "ok"
+    ev, honest, planted = planted_cheats(tmp_path_factory.mktemp("cheats") / "cheats_cuda", build_cache, CHEATS,
+                                         THREADS=256)
     yield ev, honest, planted
     ev.close()
 

@@ -15,6 +15,8 @@ what changed:
 * CUDA: the context's limits (stack, printf FIFO, malloc heap, persisting-L2 size, L2 fetch granularity, ...), its
   cache configuration and scheduling flags; persisting L2 lines are reset after every candidate, so lines a
   candidate marked persisting cannot survive into the next measurement (an L2 flush by memset does not evict them).
+  The shared-memory bank configuration is not watched: devices since Volta ignore it. A kernel's own attributes
+  (cudaFuncSetAttribute) belong to the candidate's module, which no other candidate calls.
 
 A change found is restored and verified; one that cannot be restored is marked `restored=False`, and the worker is
 replaced (evaluators/local.py).
