@@ -203,7 +203,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         return {"toolchain": self.builder.toolchain}
 
     # ---- worker lifecycle -------------------------------------------------------------------------------------------
-    def _new_worker(self) -> WorkerProcess:
+    def _new_worker(self, *, for_retiming: bool = False) -> WorkerProcess:
         """A started worker with the baselines loaded and checked. The process starts (torch, device context, the
         input sets and their references) before the baselines are asked for: the first worker's start overlaps the
         baselines' builds."""
@@ -217,7 +217,8 @@ class LocalEvaluator(BuildAheadEvaluator):
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
             # baselines timed, then the state and the sentinel recorded: what every candidate is measured with
-            reply = worker.request({"cmd": "hello"}, timeout)
+            # (a re-timing worker times its baseline in every round, not once at the start)
+            reply = worker.request({"cmd": "hello", "baselines": not for_retiming}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
             self.measured_with = {k: v for k, v in reply.items() if k != "ok"}
@@ -346,9 +347,16 @@ class LocalEvaluator(BuildAheadEvaluator):
             self.worker.close()
             self.worker = None
         try:
-            reply = self._worker().request({"cmd": "retime", "session": session, "rounds": rounds,
-                                            "repeats": repeats, "candidates": built},
-                                           per_candidate * len(built) + float(st["timeout_s"]))
+            if self._starting is not None:  # a first worker still starting is not the fresh one wanted here
+                starting, self._starting = self._starting, None
+                try:
+                    starting.result().close()
+                except Exception:  # noqa: BLE001 - it was going to be replaced anyway
+                    pass
+            self.worker = self._new_worker(for_retiming=True)
+            reply = self.worker.request({"cmd": "retime", "session": session, "rounds": rounds,
+                                         "repeats": repeats, "candidates": built},
+                                        per_candidate * len(built) + float(st["timeout_s"]))
         except WorkerFailure as f:
             self._drop_worker()
             return Retiming(samples={}, dropped=dropped, notes={**notes, "failed": f"{f.status}: {f.reason}"})

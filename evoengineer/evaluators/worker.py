@@ -154,7 +154,7 @@ class Session:
 
     def _restore_inputs(self) -> None:
         """Cached inputs are never shared mutable state: back to their pristine bytes before the next candidate."""
-        for s in (*self.sets, *(t for sets in (*self.timed.values(), *self.novel.values()) for t in sets)):
+        for s in (*self.sets, *(t for sets in self.timed.values() for t in sets)):
             s.inputs.verify_and_restore()
 
     def _sync(self) -> None:
@@ -194,18 +194,20 @@ class Session:
         return self.baselines
 
     # ---- the state candidates are measured with -------------------------------------------------------------------
-    def _start_guards(self) -> None:
-        """Once, before the first candidate: baselines timed, then the sentinel's and the process state's record
-        (so whatever the worker itself starts, threads or handles, is part of the state measured with)."""
+    def _start_guards(self, *, baselines: bool = True) -> None:
+        """Once, before the first candidate: baselines timed (not for a re-timing, which times its baseline in every
+        round), then the sentinel's and the process state's record (so whatever the worker itself starts, threads or
+        handles, is part of the state measured with)."""
         if self.guard is not None:
             return
         from evoengineer.evaluators.process_state import StateGuard
         from evoengineer.evaluators.sentinel import CpuProbe, Sentinel
 
-        try:
-            self._baselines()
-        finally:
-            self._restore_inputs()
+        if baselines:
+            try:
+                self._baselines()
+            finally:
+                self._restore_inputs()
         for name, sets in self.timed.items():
             shape = sets[0].entry.shape
             self.gate.prepare(int(self.task.min_bytes(shape) or 0))
@@ -439,6 +441,13 @@ class Session:
         only on the first of each pair; an honest one takes about as long on both, whatever the machine's load
         (the pair runs back to back). Returns the ratios new / seen."""
         novel = self.novel[name]
+        try:
+            return self._novel_pairs(module, name, sets, novel)
+        finally:  # only this check hands them to a candidate
+            for s in novel:
+                s.inputs.verify_and_restore()
+
+    def _novel_pairs(self, module: Any, name: str, sets: list[InputSet], novel: list[InputSet]) -> list[float]:
         outs = [self._output(s) for s in novel]
         seen_out = self.task.new_output(sets[0].inputs)
         self.task.launch(module, sets[0].inputs, seen_out)  # back to steady state after the timing loop's checks
@@ -622,9 +631,9 @@ class Session:
                                            gbytes_per_s=by / secs / 1e9 if by else None)
         return {"status": "ok", "reason": "", "metrics": metrics}
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self, baselines: bool = True) -> dict[str, Any]:
         """What the worker measures with (after the guards started): sentinel times, state, device peaks."""
-        self._start_guards()
+        self._start_guards(baselines=baselines)
         return {"ok": True, **self.started}
 
     # ---- re-timing of the finalists ---------------------------------------------------------------------------
@@ -637,7 +646,7 @@ class Session:
         from evoengineer.compiler.steps import load_module
 
         session, rounds, repeats = str(msg["session"]), int(msg["rounds"]), int(msg["repeats"])
-        self._start_guards()
+        self._start_guards(baselines=False)
         warmup = max(1, int(self.settings["warmup"]) // 4)
         sets = {e.name: self._input_set(e, self._seed(e.name, 0, f"retime/{session}"), with_ref=True)
                 for e in self.task.entries if e.time}
@@ -748,7 +757,7 @@ def main() -> None:
                 reply({"ok": True})
             elif msg["cmd"] == "hello":
                 assert session is not None, "hello before init"
-                reply(session.hello())
+                reply(session.hello(bool(msg.get("baselines", True))))
             elif msg["cmd"] == "baselines":
                 assert session is not None, "baselines before init"
                 session.add_baselines(msg["baselines"])
