@@ -24,6 +24,14 @@ METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "m
            "registers", "smem_bytes", "spill_bytes", "stack_bytes", "build_s")
 
 
+def state_changed(status: str, reason: str, why: str) -> tuple[str, str]:
+    """The verdict of a candidate found to have changed the measuring process's state: `state_changed` because of
+    `why`, keeping what its own verdict said (wrong, implausible); a crash or a hang stands as it is."""
+    if status not in (OK, "wrong", "implausible"):
+        return status, reason
+    return "state_changed", why + (f" (also {status}: {reason})" if status != OK else "")
+
+
 @dataclass
 class Measurement:
     """Outcome of evaluating one candidate. `metrics['time_us']` is the p50 time, present when status is ok."""

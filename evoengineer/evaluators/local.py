@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from evoengineer import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.candidate import Candidate
-from evoengineer.evaluators.base import Measurement
+from evoengineer.evaluators.base import Measurement, state_changed
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming
 from evoengineer.space.spec import SearchSpace
@@ -155,7 +155,6 @@ class LocalEvaluator(BuildAheadEvaluator):
         self._baseline_builds: list[dict[str, str]] | None = None
         self._baseline_futures: dict[str, tuple[str, Future[BuildResult]]] | None = None
         self._starting: Future[WorkerProcess] | None = None  # the first worker, started beside the first builds
-        self.measured_with: dict[str, Any] = {}  # the newest worker's sentinel times, recorded state, device peaks
         self.replaced: list[str] = []  # why workers were replaced (state left behind, sentinel drift)
         self._init_pipeline()
 
@@ -221,7 +220,6 @@ class LocalEvaluator(BuildAheadEvaluator):
             reply = worker.request({"cmd": "hello", "baselines": not for_retiming}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
-            self.measured_with = {k: v for k, v in reply.items() if k != "ok"}
         except BaseException:
             worker.close()
             raise
@@ -254,10 +252,8 @@ class LocalEvaluator(BuildAheadEvaluator):
         if drift_again:
             m = self._measurement(again, extra)
             m.metrics["sentinel_drifts"] = [drift, drift_again]
-            if m.status in ("ok", "wrong", "implausible"):
-                kept = f" (also {m.status}: {m.reason})" if m.status != "ok" else ""
-                return Measurement("state_changed", f"slowed the measuring process after it, in two fresh workers: "
-                                   f"{drift_again}{kept}", m.metrics)
+            m.status, m.reason = state_changed(m.status, m.reason, "slowed the measuring process after it, in two "
+                                               f"fresh workers: {drift_again}")
             return m
         m = self._measurement(again, extra)
         m.metrics["remeasured"] = f"measured again in a fresh worker after {drift}"

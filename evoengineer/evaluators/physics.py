@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +90,11 @@ def cpu_copy_seconds(nbytes: int, repeats: int = 7) -> float:
     """Median seconds of a copy moving `nbytes` in all (half read, half written), warm, on torch's threads."""
     import torch
 
-    half = max(nbytes // 2, 64)
-    src = torch.empty(half, dtype=torch.uint8).random_(0, 255)
+    from evoengineer.evaluators.timing import time_samples
+
+    src = torch.empty(max(nbytes // 2, 64), dtype=torch.uint8).random_(0, 255)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(time_samples(lambda: dst.copy_(src), device="cpu", warmup=1, repeats=repeats)) * 1e-6
 
 
 class PhysicsGate:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ _CU_LIMITS = {0: "stack size", 1: "printf FIFO size", 2: "malloc heap size", 3: 
               4: "device-runtime pending launches", 5: "max L2 fetch granularity", 6: "persisting L2 cache size"}
 _CU_STREAM_ATTR_ACCESS_POLICY_WINDOW = 1
 _CU_CTX_LMEM_RESIZE_TO_MAX = 0x10
+_LIBC = ctypes.CDLL(None)  # the C library (and, on glibc >= 2.34, libm's fenv functions)
 #: environment variables not watched: pytest rewrites this one around every test of a process that hosts a Session
 UNWATCHED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
@@ -84,13 +86,7 @@ def _thread_ids() -> list[int]:
     try:
         return sorted(int(t) for t in os.listdir("/proc/self/task"))
     except OSError:
-        return [threading_native_id()]
-
-
-def threading_native_id() -> int:
-    import threading
-
-    return threading.get_native_id()
+        return [threading.get_native_id()]
 
 
 def _thread_cpu_ns(tid: int) -> int | None:
@@ -143,7 +139,7 @@ class _FloatEnv:
     SIZE = 64  # fenv_t is 32 bytes on x86-64 and 8 on aarch64: room to spare
 
     def __init__(self):
-        self.libm = ctypes.CDLL(None)
+        self.libm = _LIBC
         try:
             self.libm.fegetround  # noqa: B018  (present in libc on glibc >= 2.34; else in libm)
         except AttributeError:
@@ -249,8 +245,7 @@ def _torch_settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]
 
 def _c_environ() -> dict[str, str]:
     """The environment as the C library holds it (setenv from a candidate changes this, not os.environ)."""
-    libc = ctypes.CDLL(None)
-    env = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+    env = ctypes.POINTER(ctypes.c_char_p).in_dll(_LIBC, "environ")
     out: dict[str, str] = {}
     i = 0
     while env[i]:
@@ -286,7 +281,6 @@ class StateGuard:
         self._affinity: dict[int, frozenset[int]] = {}
         self._threads = set(_thread_ids())
         self._note_affinity()
-        self._team_fenv = self._team_controls()
 
     # ---- what is recorded ----------------------------------------------------------------------------------------
     def _find_openmp(self) -> None:
@@ -362,7 +356,7 @@ class StateGuard:
             for key, was in self._fenv.items():
                 if now.get(key) != was:
                     changes.append(Change(f"floating-point environment: {key}", was, now.get(key), back))
-        if self.probe is not None and self._team_fenv is not None:
+        if self.probe is not None:
             team = self._team_controls() or []
             off = [i for i, t in enumerate(team) if t != self._fenv]
             if off:
@@ -377,15 +371,14 @@ class StateGuard:
         now = _c_environ()
         if now == self._environ:
             return
-        libc = ctypes.CDLL(None)
         for key in sorted(set(now) | set(self._environ)):
             was, got = self._environ.get(key), now.get(key)
             if was == got:
                 continue
             if was is None:
-                libc.unsetenv(key.encode())
+                _LIBC.unsetenv(key.encode())
             else:
-                libc.setenv(key.encode(), was.encode(), 1)
+                _LIBC.setenv(key.encode(), was.encode(), 1)
             changes.append(Change(f"environment variable {key}", was, got, _c_environ().get(key) == was))
 
     def _check_affinity(self, changes: list[Change]) -> None:

@@ -29,7 +29,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -107,29 +106,31 @@ class CpuProbe:
 
     @classmethod
     def build(cls, cache_dir: Path) -> "CpuProbe | None":
-        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        """Built with the compiler candidates are built with ($CXX, else c++), keyed like their builds by the
+        toolchain fingerprint."""
+        from evoengineer.compiler.steps import dir_lock
+        from evoengineer.compiler.toolchain import toolchain
+        from evoengineer.ops.runtime import write_if_changed
+
+        cxx = os.environ.get("CXX") or shutil.which("c++")
         if not cxx:
             return None
-        try:
-            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-        key = hashlib.sha256(f"{PROBE_SOURCE}\n{cxx}\n{version}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(f"{PROBE_SOURCE}\n{cxx}\n{toolchain('cpu')['cxx']}".encode()).hexdigest()[:16]
         out = Path(cache_dir) / "probe" / key
         so = out / "evo_probe.so"
-        if not so.exists():
-            from evoengineer.compiler.steps import dir_lock
-
-            with dir_lock(out):
-                if not so.exists():
-                    src = out / "evo_probe.cpp"
-                    src.write_text(PROBE_SOURCE)
-                    tmp = out / f"evo_probe.{os.getpid()}.so"
+        with dir_lock(out):
+            if not so.exists():
+                src = out / "evo_probe.cpp"
+                write_if_changed(src, PROBE_SOURCE)
+                tmp = out / f"evo_probe.{os.getpid()}.so"
+                try:
                     r = subprocess.run([cxx, "-O2", "-fopenmp", "-shared", "-fPIC", "-o", str(tmp), str(src)],
                                        capture_output=True, text=True, timeout=300)
-                    if r.returncode != 0:
-                        return None
-                    os.replace(tmp, so)
+                except (OSError, subprocess.SubprocessError):
+                    return None
+                if r.returncode != 0:
+                    return None
+                os.replace(tmp, so)
         try:
             return cls(so)
         except OSError:
@@ -186,29 +187,11 @@ class Sentinel:
         return loads
 
     def measure(self) -> dict[str, float]:
-        """Microseconds of the fastest timed call per workload."""
-        torch = self.torch
-        out = {}
-        for name, fn in self.workloads.items():
-            for _ in range(WARM):
-                fn()
-            if self.device == "cuda":
-                ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(REPEATS)]
-                for s, e in ev:
-                    s.record()
-                    fn()
-                    e.record()
-                torch.cuda.synchronize()
-                out[name] = min(s.elapsed_time(e) * 1e3 for s, e in ev)
-            else:
-                times = []
-                for _ in range(REPEATS):
-                    t0 = time.perf_counter_ns()
-                    fn()
-                    times.append((time.perf_counter_ns() - t0) / 1e3)
-                out[name] = min(times)
-        return out
+        """Microseconds of the fastest timed call per workload (timed as candidates are, L2 warm)."""
+        from evoengineer.evaluators.timing import time_samples
+
+        return {name: min(time_samples(fn, device=self.device, warmup=WARM, repeats=REPEATS, flush_l2=False))
+                for name, fn in self.workloads.items()}
 
     def start(self) -> dict[str, Any]:
         """Time the workloads START_RUNS times: their medians are the reference, their spread the tolerance."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evoengineer.evaluators.base import state_changed
 from evoengineer.evaluators.integrity import Guarded, ProtectedInputs, as_bits, checksum, mismatch
 from evoengineer.liveness import exit_with_parent
 
@@ -112,6 +113,7 @@ class Session:
         self.novel = {e.name: [self._input_set(e, self._seed(e.name, 20_000 + k), with_ref=False)
                                for k in range(NOVEL_SETS)]
                       for e in self.task.entries if e.time}
+        self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
         self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
@@ -208,9 +210,8 @@ class Session:
                 self._baselines()
             finally:
                 self._restore_inputs()
-        for name, sets in self.timed.items():
-            shape = sets[0].entry.shape
-            self.gate.prepare(int(self.task.min_bytes(shape) or 0))
+        for sets in self.timed.values():
+            self.gate.prepare(int(self.task.min_bytes(sets[0].entry.shape) or 0))
         probe = None
         if self.task.device == "cpu":
             from evoengineer.compiler.builder import default_cache_dir
@@ -331,8 +332,7 @@ class Session:
             kept: dict[int, Any] = {}
             deterministic = bool(st["deterministic"])
             sums = torch.zeros(total, dtype=torch.int64 if deterministic else torch.float64, device=out.tensor.device)
-            weights = None if deterministic else torch.rand(out.tensor.shape, dtype=torch.float64,
-                                                             generator=self.canaries).to(out.tensor.device)
+            weights = None if deterministic else self._weighting(name, sets)[0]
 
             def before(i: int, out=out, sample=sample) -> None:
                 if i in sample:
@@ -369,11 +369,24 @@ class Session:
             per_shape[name]["input_sets"] = n
         return per_shape
 
+    def _weighting(self, name: str, sets: list[InputSet]) -> tuple[Any, list[tuple[float, float]]]:
+        """A nondeterministic family's fingerprint of one shape's outputs, made once per worker: random weights (a
+        candidate never sees them) and, per timed set, the reference's weighted sum and how far an output within
+        the tolerance can be from it."""
+        if name not in self._weightings:
+            torch = self.torch
+            refs = [self._ref(s) for s in sets]
+            weights = torch.rand(refs[0].shape, dtype=torch.float64, generator=self.canaries).to(refs[0].device)
+            atol, rtol = self.task.tolerance()
+            self._weightings[name] = (weights, [
+                (float((r * weights).sum()), float((weights * (atol + rtol * r.abs())).sum()) * 1.01 + 1e-12)
+                for r in refs])
+        return self._weightings[name]
+
     def _fingerprints_agree(self, name: str, sets: list[InputSet], values: list[Any], kept: dict[int, Any],
                             weights: Any) -> None:
         """Every call's fingerprint is its input set's (the fingerprint of the set's outputs checked against the
         reference); a call whose fingerprint is another set's returned an output kept from an earlier call."""
-        torch = self.torch
         n, total = len(sets), len(values)
         if weights is None:
             expected = {}
@@ -392,21 +405,15 @@ class Session:
                 raise Rejected(f"nondeterministic: {bad} of {len(values[i % n::n])} runs of input set {i % n + 1} on "
                                f"shape {name} differ bitwise from its checked output (first: timed call {i + 1})")
             return
-        atol, rtol = self.task.tolerance()
-        for k, s in enumerate(sets):
-            ref = self._ref(s).to(weights.device)
-            want = float((ref * weights).sum())
-            bound = float((weights * (atol + rtol * ref.abs())).sum()) * 1.01 + 1e-12
+        for k, (want, bound) in enumerate(self._weighting(name, sets)[1]):
             for i in range(k, total, n):
                 if not abs(values[i] - want) <= bound:
                     raise Rejected(f"timed call {i + 1} of {total} on shape {name} (input set {k + 1}): its output's "
                                    f"weighted sum {values[i]:.6g} is off the reference's {want:.6g} by more than "
                                    f"the tolerance allows ({bound:.3g})")
-        del torch
 
     # ---- timing honesty -------------------------------------------------------------------------------------------
-    def honesty_checks(self, module: Any, candidate_hash: str, per_shape: dict[str, dict[str, Any]],
-                       stream: Any) -> dict[str, Any]:
+    def honesty_checks(self, module: Any, per_shape: dict[str, dict[str, Any]], stream: Any) -> dict[str, Any]:
         """Checks of the time itself, per timed shape: calls on inputs never seen before cost what repeated ones do
         (no work kept from earlier calls); CUDA: all the work a call starts is on the stream it was given (the
         device is idle once that stream is), and a CUDA graph of the calls (where the family allows graphs) gives
@@ -415,10 +422,10 @@ class Session:
         for name, sets in self.timed.items():
             eager = per_shape[name]["p50"]
             m: dict[str, Any] = found.setdefault(name, {})
-            m["novel_ratio"] = self._novel_inputs(module, name, sets, eager, candidate_hash)
+            m["novel_ratio"] = self._novel_inputs(module, name, sets)
             if self.task.device == "cuda":
                 m["offstream_s"] = self._offstream(module, name, sets)
-                if getattr(self.task, "cuda_graphs", True):
+                if self.task.cuda_graphs:
                     m["graph_us"] = self._graph(module, name, sets, eager, stream)
             shape = sets[0].entry.shape
             why = self.gate.verdict(time_us=eager, min_bytes=int(self.task.min_bytes(shape) or 0),
@@ -428,22 +435,16 @@ class Session:
                                "implausible")
         return found
 
-    def _one_call_us(self, fn) -> float:
-        from evoengineer.evaluators.timing import time_samples
-
-        return time_samples(fn, device=self.task.device, warmup=0, repeats=1,
-                            flush_l2=bool(self.settings["l2_flush"]))[0]
-
-    def _novel_inputs(self, module: Any, name: str, sets: list[InputSet], eager_us: float,
-                      candidate_hash: str) -> list[float]:
+    def _novel_inputs(self, module: Any, name: str, sets: list[InputSet]) -> list[float]:
         """Paired single calls: one on a timed set (inputs the candidate has seen many times), then one on a set it
         has not seen (other buffers, other contents). A candidate that returns work kept from earlier calls is fast
         only on the first of each pair; an honest one takes about as long on both, whatever the machine's load
-        (the pair runs back to back). Returns the ratios new / seen."""
+        (the pair runs back to back). Returns the ratios new / seen. Only this check hands the new sets to a
+        candidate: it verifies and restores them."""
         novel = self.novel[name]
         try:
             return self._novel_pairs(module, name, sets, novel)
-        finally:  # only this check hands them to a candidate
+        finally:
             for s in novel:
                 s.inputs.verify_and_restore()
 
@@ -454,8 +455,8 @@ class Session:
         pairs = []
         for k, (s, out) in enumerate(zip(novel, outs)):
             seen = sets[k % len(sets)]
-            t_seen = self._one_call_us(lambda seen=seen: self.task.launch(module, seen.inputs, seen_out))
-            t_new = self._one_call_us(lambda s=s, out=out: self.task.launch(module, s.inputs, out.tensor))
+            t_seen = self._time_n(lambda seen=seen: self.task.launch(module, seen.inputs, seen_out), 0, 1)[0]
+            t_new = self._time_n(lambda s=s, out=out: self.task.launch(module, s.inputs, out.tensor), 0, 1)[0]
             pairs.append((t_new, t_seen))
         self._sync()
         for s, out in zip(novel, outs):
@@ -474,7 +475,7 @@ class Session:
         torch = self.torch
         out = self.task.new_output(sets[0].inputs)
         gaps = []
-        for attempt in range(2):  # a first excess is measured again: the host may have been preempted
+        for _ in range(2):  # a first excess is measured again: the host may have been preempted
             torch.cuda.synchronize()
             ev = torch.cuda.Event()
             t0 = time.perf_counter()
@@ -579,14 +580,10 @@ class Session:
         changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
         phases["state"] = round(time.perf_counter() - t3, 4)
         if changes:
-            text = "; ".join(str(c) for c in changes)
-            if reply["status"] in ("ok", "wrong", "implausible"):
-                kept = f" (also {reply['status']}: {reply['reason']})" if reply["status"] != "ok" else ""
-                reply["status"], reply["reason"] = "state_changed", f"changed the measuring process's state: {text}"
-                reply["reason"] += kept
+            reply["status"], reply["reason"] = state_changed(reply["status"], reply["reason"], _changed(changes))
             metrics["state_changes"] = [str(c) for c in changes]
             if any(not c.restored for c in changes):
-                reply["replace"] = f"state that cannot be undone: {text}"
+                reply["replace"] = "state that cannot be undone: " + "; ".join(str(c) for c in changes)
         t4 = time.perf_counter()
         drift, now = self.sentinel.check()
         phases["sentinel"] = round(time.perf_counter() - t4, 4)
@@ -605,7 +602,7 @@ class Session:
         per_shape = self.timed_runs(module, candidate_hash)
         t2 = time.perf_counter()
         phases["timing"] = round(t2 - t1, 4)
-        honesty = self.honesty_checks(module, candidate_hash, per_shape, stream)
+        honesty = self.honesty_checks(module, per_shape, stream)
         phases["honesty"] = round(time.perf_counter() - t2, 4)
         p = {q: sum(t[q] for t in per_shape.values()) for q in ("p50", "p90", "p99")}
         metrics.update(time_us=p["p50"], time_p90_us=p["p90"], time_p99_us=p["p99"],
@@ -704,8 +701,7 @@ class Session:
                         per_round.append(t)
                 changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
                 if changes:  # restored; the finalist cannot be an elite
-                    dropped[h] = {"status": "state_changed", "reason": "changed the measuring process's state: "
-                                  + "; ".join(str(c) for c in changes)}
+                    dropped[h] = {"status": "state_changed", "reason": _changed(changes)}
                     samples.pop(h, None)
                     continue
                 samples[h].append([sum(x) for x in zip(*per_round)])
@@ -727,6 +723,10 @@ class Session:
 
         return time_samples(fn, device=self.task.device, warmup=warmup, repeats=repeats,
                             flush_l2=bool(self.settings["l2_flush"]))
+
+
+def _changed(changes: list[Any]) -> str:
+    return "changed the measuring process's state: " + "; ".join(str(c) for c in changes)
 
 
 def _alternate(call, sets: list[InputSet]):
