@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--db", default=DEFAULT_URL)
     r.add_argument("--run", type=_positive_int)
     r.add_argument("--from-scratch", action="store_true",
-                   help="ignore the run's checkpoints (e.g. a damaged one): propose again from generation 0; "
+                   help="ignore the run's proposal log (e.g. after a strategy changed): propose anew; "
                         "stored measurements are reused, not repeated")
     _cluster_args(r, resume=True)
     r.add_argument("--quiet", action="store_true")

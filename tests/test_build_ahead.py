@@ -1,11 +1,8 @@
-"""Builds ahead of the batch that asks for them: the builder's queue (now before ahead, bounded slots, dropped hints),
-and searches replayed with a build-time model evaluating exactly what they evaluate without one."""
+"""The builder's queue (now before ahead, bounded slots, hold while CPU kernels are timed) and the asynchronous
+build-and-measure pipeline (timers and simulated time)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
@@ -14,12 +11,9 @@ from pathlib import Path
 import pytest
 
 from test_ga import toy  # noqa: F401  (the toy space and its landscape, shared)
-from evoengineer.cli import main
 from evoengineer.compiler.build_queue import BuildQueue
 from evoengineer.evaluators.replay import BuildTimeModel, ReplayEvaluator
-from evoengineer.search import GeneticSearch, Runner, SearchSettings
 from evoengineer.space import load_space
-from evoengineer.store import Store
 
 
 class ManualSlots:
@@ -76,84 +70,67 @@ def test_queue_shares_a_running_build_and_closes_cleanly():
     assert first.result(timeout=5) == "built x"
 
 
-def _search(toy: Path, work: Path, monkeypatch, strategy: str, builds: str | None, seed: int) -> tuple[list, str]:
-    work.mkdir()
-    monkeypatch.chdir(work)
-    for name in ("toy_space.toml", "toy.cpp.j2", "landscape.csv"):
-        shutil.copy(toy / name, work / name)
-    if builds is None:
-        monkeypatch.delenv("EVOENGINEER_REPLAY_BUILDS", raising=False)
-    else:
-        monkeypatch.setenv("EVOENGINEER_REPLAY_BUILDS", builds)
-    monkeypatch.setenv("EVOENGINEER_REPLAY_DELAY_S", "0.002")
-    args = ["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db", "sqlite:///s.db",
-            "--out", "elite.json", "--seed", str(seed), "--strategy", strategy, "--budget", "60", "--quiet"]
-    if strategy == "ga":
-        args += ["--population", "10", "--generations", "12"]
-    assert main(args) == 0
-    con = sqlite3.connect(work / "s.db")
-    try:
-        rows = sorted(con.execute("SELECT hash, generation, status FROM candidates").fetchall())
-    finally:
-        con.close()
-    elites = [e["hash"] for e in json.loads((work / "elite.json").read_text())["elites"]]
-    return rows, json.dumps(elites)
+def _replay(space, landscape: Path, model: BuildTimeModel) -> ReplayEvaluator:
+    return ReplayEvaluator(landscape, space, builds=model)
 
 
-@pytest.mark.parametrize("strategy,seed", [("ga", 0), ("ga", 7), ("random", 3), ("grid", 0)])
-def test_builds_ahead_change_nothing_that_is_evaluated(toy: Path, tmp_path: Path, monkeypatch, strategy, seed):
-    """The same seed evaluates the same configurations in the same generations, and publishes the same elites,
-    with simulated builds (4 slots, random-ish durations) running ahead as without builds at all."""
-    plain = _search(toy, tmp_path / "plain", monkeypatch, strategy, None, seed)
-    ahead = _search(toy, tmp_path / "ahead", monkeypatch, strategy, "4x0.01", seed)
-    assert len(plain[0]) == 60
-    assert ahead == plain
-
-
-def test_the_ga_builds_its_likely_children_ahead(toy: Path, tmp_path: Path):
-    """While a generation is measured, its likely children are built: some of them are bred for real and their
-    builds are then done before their generation asks; what is evaluated is what the GA without builds evaluates."""
+def test_the_pipeline_measures_builds_as_they_finish_and_keeps_its_slots_busy(toy: Path):
+    """Timer builds of different lengths on 3 slots: each candidate is measured as soon as its build is done (out
+    of submission order), every submitted candidate comes back once, and the builds ran 3 at a time."""
     space = load_space(toy / "toy_space.toml")
-    results = {}
-    for name, builds in (("plain", None), ("ahead", BuildTimeModel(3, 0.02))):
-        ev = ReplayEvaluator(toy / "landscape.csv", space, delay_s=0.005, builds=builds)
-        store = Store(f"sqlite:///{tmp_path / name}.db")
-        settings = SearchSettings(population=10, generations=8, elite=3, budget=None, seed=11)
-        rid = store.create_run(space_name=space.name, space_path=str(toy / "toy_space.toml"), space_text=space.text,
-                               template=space.template, template_sha256="t" * 64,
-                               config={**settings.to_dict(), "evaluator": ev.describe()}, seed=11,
-                               fingerprint={"cpu": "test"})
-        runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings,
-                        out=tmp_path / f"{name}.json")
-        t0 = time.monotonic()
-        GeneticSearch(runner).run(None)
-        results[name] = (sorted((c.hash, c.generation) for c in store.candidates(rid)), time.monotonic() - t0, ev)
-        ev.close()
-    assert results["ahead"][0] == results["plain"][0]
-    ev = results["ahead"][2]
-    evaluated = {h for h, _ in results["ahead"][0]}
-    started = ev.builder.started
-    assert len(started) == len(set(started))  # never built twice (the build cache)
-    assert set(started) > evaluated  # guesses that were never bred were built too, and recorded nowhere
-    assert 0 < ev.build_stats()["builds"] <= len(evaluated)
+    cands = [_factory(space).from_genome(g) for g in space.valid_genomes()[:9]]
+    ev = _replay(space, toy / "landscape.csv", BuildTimeModel(3, 0.05))
+    order, at = [], []
+    with ev:
+        for c in cands:
+            ev.submit(c)
+        assert ev.in_flight() == 9 and ev.concurrency() == 5
+        while ev.in_flight():
+            got = [c.hash for c, m in ev.poll(10.0)]
+            order += got
+            at += [time.monotonic()] * len(got)
+    assert sorted(order) == sorted(c.hash for c in cands)
+    # first to last result (the first waits for one-time imports): three builds at a time, not one after another
+    assert at[-1] - at[0] < 8 * 0.05 * 0.8
+    assert ev.builder.started == [c.hash for c in cands]
 
 
-def test_a_random_search_finds_its_next_batch_built_ahead(toy: Path, tmp_path: Path):
-    """Random search hints at the batch after the one it is about to evaluate: that hint is kept until its batch
-    asks (a newer hint does not drop it), so every batch after the first was started ahead."""
-    from evoengineer.search.random_search import RandomSearch
-
+def test_cancel_forgets_what_is_in_flight(toy: Path):
     space = load_space(toy / "toy_space.toml")
-    ev = ReplayEvaluator(toy / "landscape.csv", space, delay_s=0.002, builds=BuildTimeModel(4, 0.005))
-    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    settings = SearchSettings(population=8, generations=0, elite=3, budget=40, seed=2)
-    rid = store.create_run(space_name=space.name, space_path=str(toy / "toy_space.toml"), space_text=space.text,
-                           template=space.template, template_sha256="t" * 64,
-                           config={**settings.to_dict(), "evaluator": ev.describe()}, seed=2,
-                           fingerprint={"cpu": "test"})
-    runner = Runner(space=space, evaluator=ev, store=store, run=store.get_run(rid), settings=settings,
-                    out=tmp_path / "r.json")
-    RandomSearch(runner).run(None)
-    ev.close()
-    assert len(list(store.candidates(rid))) == 40
-    assert ev.build_stats()["built_ahead"] == 40 - 8  # all but the first batch
+    cands = [_factory(space).from_genome(g) for g in space.valid_genomes()[:6]]
+    ev = _replay(space, toy / "landscape.csv", BuildTimeModel(1, 0.2))
+    with ev:
+        for c in cands:
+            ev.submit(c)
+        gone = ev.cancel()
+        assert {c.hash for c in gone} == {c.hash for c in cands} and ev.in_flight() == 0
+        assert ev.poll(0.5) == []
+
+
+def test_the_virtual_pipeline_is_deterministic_and_out_of_order(toy: Path):
+    """Simulated time: the same submissions give the same arrival order, which is not the submission order when
+    builds differ in length; the device's busy and waiting time add up."""
+    space = load_space(toy / "toy_space.toml")
+    cands = [_factory(space).from_genome(g) for g in space.valid_genomes()[:12]]
+
+    def arrivals():
+        model = BuildTimeModel(4, 1.0, virtual=True, measure_s=0.25)
+        model.duration = lambda m, it=iter([3.0, 1.0, 2.0, 0.5] * 3): next(it)
+        ev = _replay(space, toy / "landscape.csv", model)
+        for c in cands:
+            ev.submit(c)
+        out = []
+        while ev.in_flight():
+            out += [c.hash for c, _ in ev.poll()]
+        return out, ev.virtual
+
+    a, va = arrivals()
+    b, _ = arrivals()
+    assert a == b and sorted(a) == sorted(c.hash for c in cands) and a != [c.hash for c in cands]
+    assert va.busy_s == pytest.approx(12 * 0.25) and va.device_free >= va.busy_s
+
+
+def _factory(space):
+    from evoengineer.candidate import CandidateFactory
+
+    return CandidateFactory(space)

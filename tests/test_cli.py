@@ -414,7 +414,8 @@ def test_space_search_table_gives_defaults(toy: Path, capsys):
     assert main(["search", "--space", "s2.toml", "--landscape", "landscape.csv", "--db", "sqlite:///s.db",
                  "--quiet"]) == 0
     doc = json.loads((toy / "elite.json").read_text())
-    assert len(doc["elites"]) == 2 and doc["seed"] == 4 and doc["evaluations"] <= 6 + 2 * 4
+    # generations = 2: at most population x (generations + 1) evaluations
+    assert len(doc["elites"]) == 2 and doc["seed"] == 4 and doc["evaluations"] <= 6 * 3
     assert main(["search", "--space", "s2.toml", "--landscape", "landscape.csv", "--db", "sqlite:///s.db",
                  "--elite", "3", "--quiet"]) == 0  # the command line wins
     assert len(json.loads((toy / "elite.json").read_text())["elites"]) == 3

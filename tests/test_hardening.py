@@ -316,7 +316,9 @@ def test_elite_json_on_a_full_disk_keeps_the_old_file(toy_dir: Path, monkeypatch
     assert (toy_dir / "elite.json").read_text() == old
 
 
-def test_a_garbled_checkpoint_is_named_and_from_scratch_recovers(toy_dir: Path, monkeypatch, capsys):
+def test_a_tampered_proposal_log_is_named_and_from_scratch_recovers(toy_dir: Path, monkeypatch, capsys):
+    """A resume replays the run's proposal log; a log the strategy does not reproduce (tampered, or another version
+    of the strategy) is refused with one line naming --from-scratch, which then finishes the run."""
     from evoengineer.cli import main
 
     monkeypatch.chdir(toy_dir)
@@ -330,18 +332,12 @@ def test_a_garbled_checkpoint_is_named_and_from_scratch_recovers(toy_dir: Path, 
     first.kill()
     first.wait(timeout=60)
     con = sqlite3.connect(toy_dir / "c.db")
-    con.execute("update checkpoints set state = '{\"strategy\": \"ga\", \"gener' "
-                "where generation = (select max(generation) from checkpoints)")
+    con.execute("update proposals set hash = 'f' || substr(hash, 2) where seq = 20")
     con.commit()
     capsys.readouterr()
     assert main(["resume", "--db", "sqlite:///c.db", "--quiet"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert "run 1" in line and "checkpoint" in line and "--from-scratch" in line
-    con.execute("update checkpoints set state = '{\"strategy\": \"ga\", \"generation\": 1}' "
-                "where generation = (select max(generation) from checkpoints)")  # valid JSON, not a GA state
-    con.commit()
-    assert main(["resume", "--db", "sqlite:///c.db", "--quiet"]) == 2
-    assert "--from-scratch" in _one_line(capsys.readouterr().err)
+    assert "run 1" in line and "proposal 21" in line and "--from-scratch" in line
     stored = con.execute("select count(*) from candidates").fetchone()[0]
     assert main(["resume", "--db", "sqlite:///c.db", "--quiet", "--from-scratch"]) == 0
     assert con.execute("select status from runs").fetchone() == ("finished",)

@@ -125,12 +125,13 @@ def test_optuna_violations_cost_nothing_and_failures_are_failed_trials(toy_dir: 
 
 
 def test_optuna_resume_rebuilds_the_study_from_the_store(toy_dir: Path):
+    """A run continued with a larger budget replays its proposals and results into a fresh study (nothing measured
+    again) and goes on."""
     space_file, land, db = toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "r.db"
     _, _, store, rid, ev1, _ = run_strategy(space_file, land, db, "optuna", "tpe", budget=30, seed=2)
     first = set(ev1.calls)
-    _, gen_state = store.latest_checkpoint(rid)
     reason, runner, store, _, ev2, search = run_strategy(space_file, land, db, "optuna", "tpe", budget=70, seed=2,
-                                                         state=gen_state, run_id=rid)
+                                                         run_id=rid)
     assert reason == "budget" and not first & set(ev2.calls) and len(ev2.calls) == 40
     assert len([t for t in search.study.trials if "hash" in t.user_attrs]) >= 70
     assert store.count_candidates(rid) == 70
@@ -250,13 +251,13 @@ def test_surrogate_models_failures_apart_and_proposes_deterministically(toy_dir:
     assert reason == "budget" and len(ev.calls) == 36
     statuses = {r.status for r in runner.records.values()}
     assert statuses & FAILED, "the toy landscape plants failures"
-    hist = strat.history(99)
+    hist = strat.history()
     assert len(hist) == 36 and all(good == (t == t) for _, good, t in hist)  # failures carry no time (NaN)
     again = SurrogateSearch(runner)
-    first, second = strat.propose(3, 6), again.propose(3, 6)
+    again.told = dict(reversed(list(strat.told.items())))  # the same results, told in another order
+    first, second = strat.batch(3, 6), again.batch(3, 6)
     assert first == second and len(first) == 6 and len(set(first)) == 6
-    seen = {g for g, _, _ in strat.history(3)}
-    assert not set(first) & seen
+    assert not set(first) & set(strat.told)
 
 
 def test_surrogate_explores_more_the_longer_it_stalls(toy_dir: Path, monkeypatch):
@@ -265,8 +266,14 @@ def test_surrogate_explores_more_the_longer_it_stalls(toy_dir: Path, monkeypatch
     refused."""
     from evoengineer.search.surrogate import SurrogateParams, SurrogateSearch
 
-    *_, runner, _, _, _, _ = run_strategy(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "s.db",
-                                          "surrogate", None, budget=36, seed=5)
+    *_, runner, _, _, _, done = run_strategy(toy_dir / "toy_space.toml", toy_dir / "landscape.csv",
+                                             toy_dir / "s.db", "surrogate", None, budget=36, seed=5)
+
+    def told(params=None):
+        s = SurrogateSearch(runner, params)
+        s.told = dict(done.told)
+        return s
+
     asked = []
     far = SurrogateSearch._far_unseen
 
@@ -277,11 +284,11 @@ def test_surrogate_explores_more_the_longer_it_stalls(toy_dir: Path, monkeypatch
     monkeypatch.setattr(SurrogateSearch, "_far_unseen", spy)
     for stalled, split in ((0, (7, 1)), (3, (4, 4)), (6, (1, 7))):
         monkeypatch.setattr(SurrogateSearch, "_stalled_for", lambda self, g, s=stalled: s)
-        out = SurrogateSearch(runner).propose(3, 8)
+        out = told().batch(3, 8)
         assert asked[-1] == split and len(out) == len(set(out)) == 8, (stalled, asked[-1])
-    assert len(SurrogateSearch(runner, SurrogateParams(model="extra")).propose(3, 8)) == 8
+    assert len(told(SurrogateParams(model="extra")).batch(3, 8)) == 8
     with pytest.raises(ValueError, match="surrogate model 'gp'"):
-        SurrogateSearch(runner, SurrogateParams(model="gp")).propose(3, 8)
+        told(SurrogateParams(model="gp")).batch(3, 8)
 
 
 def test_surrogate_trusts_its_correctness_classifier_only_where_failures_follow_genes(toy_dir: Path):

@@ -40,6 +40,8 @@ class BuildQueue:
         self._entries: dict[Hashable, _Entry] = {}
         self._seq = itertools.count()
         self.running = 0  # slots taken (jobs of the owner's own, such as a binding build, count too)
+        self._idle = threading.Condition(self._lock)
+        self._held = 0  # hold() calls not yet released: no job starts meanwhile
 
     def submit(self, key: Hashable, payload: Any, *, ahead: bool = False) -> Future:
         priority = AHEAD if ahead else NOW
@@ -81,13 +83,36 @@ class BuildQueue:
     def release_slot(self) -> None:
         with self._lock:
             self.running -= 1
+            self._idle.notify_all()
         self.dispatch()
+
+    def hold(self) -> None:
+        """Start no job until `release`, and return once the running ones are done (CPU kernels are timed then)."""
+        with self._lock:
+            self._held += 1
+            while self.running > 0:
+                self._idle.wait()
+
+    def release(self) -> None:
+        with self._lock:
+            self._held = max(0, self._held - 1)
+        self.dispatch()
+
+    def cancel_queued(self) -> int:
+        """Forget every job not yet started (the search stopped); their futures are cancelled."""
+        with self._lock:
+            gone = [k for k, e in self._entries.items() if not e.started]
+            futures = [self._entries.pop(k).future for k in gone]
+            self._heap.clear()
+        for f in futures:
+            f.cancel()
+        return len(futures)
 
     def dispatch(self) -> None:
         """Hand queued jobs to free slots, most urgent first (within a priority, in the order asked)."""
         while True:
             with self._lock:
-                if self.running >= self.slots or not self._heap:
+                if self._held or self.running >= self.slots or not self._heap:
                     return
                 priority, _, key = heapq.heappop(self._heap)
                 e = self._entries.get(key)
@@ -104,6 +129,7 @@ class BuildQueue:
         finally:
             with self._lock:
                 self.running -= 1
+                self._idle.notify_all()
                 if self._entries.get(key) is e:
                     del self._entries[key]
             self.dispatch()

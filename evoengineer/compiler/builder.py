@@ -238,6 +238,20 @@ class Builder:
                "gate": self._gate_job()}
         return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
 
+    @property
+    def slots(self) -> int:
+        return self.queue.slots
+
+    def hold(self) -> None:
+        """No build starts until `release`; returns once the running builds are done."""
+        self.queue.hold()
+
+    def release(self) -> None:
+        self.queue.release()
+
+    def cancel_queued(self) -> int:
+        return self.queue.cancel_queued()
+
     def drop_ahead(self, keep: "set[str] | frozenset[str]" = frozenset()) -> int:
         """Forget the builds asked for ahead that have not started, except the candidates (hashes) in `keep`; their
         futures are cancelled. Returns how many were dropped."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
 from evoengineer.evaluators.retiming import Retiming
+
+if TYPE_CHECKING:
+    from evoengineer.evaluators.asynchronous import BatchFeeder
 
 OK = "ok"
 STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
@@ -77,15 +80,39 @@ class Evaluator(ABC):
         """The run is about to ask for measurements: start what takes long to get ready (a measuring worker, a
         family binding) so that it is ready by the first build. Default: nothing."""
 
-    def wants_prefetch(self, certain: bool) -> bool:
-        """Whether `prefetch` would do anything with such a hint (so callers can skip making candidates for it)."""
-        return False
+    # ---- asynchronous use: the search keeps `concurrency()` candidates in flight ------------------------------------
+    def concurrency(self) -> int:
+        """How many candidates the search should keep in flight so that every build slot and every measuring device
+        stays busy. Default: 1 (one at a time)."""
+        return 1
 
-    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
-        """A hint: these candidates may be asked for next (`certain`: they will be, unless the search stops). Start
-        what can start early: builds; with `certain`, also measurements on idle devices, whose results wait here
-        for the call that asks for them (only what is asked for is ever recorded). A later hint replaces this one.
-        Default: ignored."""
+    def submit(self, candidate: Candidate) -> None:
+        """Start evaluating `candidate`; its result comes back from `poll`. Default: a background thread hands what
+        was submitted to `evaluate_many`, batch by batch (everything submitted while the last batch ran)."""
+        self._feeder().submit(candidate)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[Candidate, Measurement]]:
+        """The results finished since the last call, waiting up to `timeout` seconds (None: as long as it takes) for
+        at least one while anything is in flight; [] when nothing is. An error of the evaluation itself (a lost
+        cluster, say) is raised here."""
+        return self._feeder().poll(timeout)
+
+    def in_flight(self) -> int:
+        """Candidates submitted whose results `poll` has not handed back yet."""
+        return self._feeder().in_flight() if getattr(self, "_batch_feeder", None) is not None else 0
+
+    def cancel(self) -> list[Candidate]:
+        """Stop evaluating what is in flight (the search stops): the candidates whose results will not come."""
+        f = getattr(self, "_batch_feeder", None)
+        return f.cancel() if f is not None else []
+
+    def _feeder(self) -> "BatchFeeder":
+        f = getattr(self, "_batch_feeder", None)
+        if f is None:
+            from evoengineer.evaluators.asynchronous import BatchFeeder
+
+            f = self._batch_feeder = BatchFeeder(self)
+        return f
 
     def build(self, candidate: Candidate) -> dict[str, Any] | None:
         """Prepare a candidate away from the measuring device (compile it into the build cache): its build summary

@@ -521,6 +521,12 @@ class ClusterEvaluator(Evaluator):
     def evaluate(self, candidate: Candidate) -> Measurement:
         return next(iter(self.evaluate_many([candidate])))[1]
 
+    def concurrency(self) -> int:
+        """Two candidates per GPU worker (one measuring, one built and waiting), and a build for every build slot:
+        handed on batch by batch (Evaluator.submit's feeder), each batch spread over the workers."""
+        self._refresh_slots()
+        return 2 * max(1, self.slots) + (self._build_slots() if self.builds else 0)
+
     def wants_prefetch(self, certain: bool) -> bool:
         return certain or (self.builds and self.overlap)
 

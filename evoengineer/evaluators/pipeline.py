@@ -1,117 +1,179 @@
-"""Builds that overlap measurements on one measuring device: the batch's builds all start at once, each candidate is
-measured as soon as its build is done, and builds hinted for later (`prefetch`) run behind them while the batch is
-measured. Shared by the local evaluator (real builds) and by replays with a build-time model.
+"""Builds that overlap measurements on one measuring device, asynchronously: `submit` starts a candidate's build at
+once (on the builder's slots), a measuring thread takes each build as it finishes and measures it, and `poll` hands
+the results to the search. The device waits only when nothing submitted is built yet; the search proposes the next
+candidate while the device measures. Shared by the local evaluator (real builds) and by replays with a build-time
+model.
 
-Only builds run ahead: nothing is measured or recorded until a batch asks for it, so what a search evaluates and
-decides does not depend on how far ahead the builds got.
+CPU kernels are timed on the cores the compilers use: there (`builds_beside_measurements` False) the measuring
+thread holds the builder (no new build starts, the running ones finish) while it measures everything built, then
+lets the builds go on: builds and measurements take turns instead of sharing the cores.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from abc import abstractmethod
-from concurrent.futures import Future, as_completed
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from concurrent.futures import Future
+from typing import Any, Iterable, Iterator, Protocol
 
 from evoengineer.candidate import Candidate
+from evoengineer.evaluators.asynchronous import Results
 from evoengineer.evaluators.base import Evaluator, Measurement
 
 
 class Builds(Protocol):
     """What the pipeline needs of a builder (compiler.builder.Builder, or a replay's build-time model)."""
 
-    def submit(self, candidate: Candidate, *, ahead: bool = False) -> Future: ...
+    slots: int
 
-    def drop_ahead(self, keep: set[str]) -> int: ...
+    def submit(self, candidate: Candidate) -> Future: ...
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def cancel_queued(self) -> int: ...
 
 
 class BuildAheadEvaluator(Evaluator):
     """An evaluator with a builder and one measuring device. Subclasses set `self.builder` and define `measure`
-    (a built candidate -> its Measurement) and may refuse build-ahead (`builds_beside_measurements`)."""
+    (a built candidate -> its Measurement) and may refuse builds beside measurements."""
 
     builder: Builds
 
     def _init_pipeline(self) -> None:
-        self.wait_s = 0.0  # time a batch had nothing built to measure (the device waiting on builds)
+        self.wait_s = 0.0  # time the measuring device had candidates in flight but none built (waiting on builds)
         self.build_s = 0.0  # builder seconds of the candidates built (not cached) here
         self.builds = 0
-        self.built_ahead = 0  # candidates whose build a hint made during an earlier batch had asked for
-        self._batches = 0  # batches started
-        self._ahead: dict[str, tuple[Future, int]] = {}  # hash -> build asked for ahead, batches started by then
+        self.results = Results()
+        self._built: queue.Queue[Any] = queue.Queue()  # (epoch, candidate, build future) as builds finish
+        self._epoch = 0  # bumped by cancel: builds of cancelled candidates are not measured
+        self._measurer: threading.Thread | None = None
+        self._started = False
 
     @abstractmethod
     def measure(self, candidate: Candidate, build: Any) -> Measurement:
         """Check and time a candidate whose build is ok."""
 
     def builds_beside_measurements(self) -> bool:
-        """False where a build would disturb a measurement (CPU kernels timed on the cores the compilers use):
-        then nothing is built ahead and a batch finishes its builds before its first measurement."""
+        """False where a build would disturb a measurement (CPU kernels timed on the cores the compilers use)."""
         return True
 
     def before_batch(self) -> None:
-        """Called as a batch starts, before its builds are asked for (e.g. start the measuring worker early)."""
+        """Called once, before the first build is asked for (e.g. start the measuring worker early)."""
 
-    def wants_prefetch(self, certain: bool) -> bool:
-        return self.builds_beside_measurements()
+    # ---- asynchronous interface ----------------------------------------------------------------------------------
+    def concurrency(self) -> int:
+        # every build slot busy, one candidate measuring and one built waiting for it
+        return self.builder.slots + 2
 
-    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
-        """Build these ahead, behind every build asked for now, while the current batch is measured. A strategy hints
-        at the batch after the one it is about to evaluate; the hint before it (naming that batch) stays, older
-        hints' builds not yet started are dropped."""
-        if not self.wants_prefetch(certain):
+    def submit(self, candidate: Candidate) -> None:
+        if not self._started:
+            self._started = True
+            self.before_batch()
+        if self._measurer is None:
+            self._measurer = threading.Thread(target=self._measure_loop, name="evo-measure", daemon=True)
+            self._measurer.start()
+        self.results.add(candidate)
+        self._build(candidate, self._epoch)
+
+    def _build(self, candidate: Candidate, epoch: int, retried: bool = False) -> None:
+        f = self.builder.submit(candidate)
+        f.add_done_callback(lambda f: self._built.put((epoch, candidate, f, retried)))
+
+    def poll(self, timeout: float | None = None) -> list[tuple[Candidate, Measurement]]:
+        return self.results.poll(timeout)
+
+    def in_flight(self) -> int:
+        return self.results.in_flight()
+
+    def cancel(self) -> list[Candidate]:
+        self._epoch += 1
+        self.builder.cancel_queued()
+        return self.results.drop()
+
+    def _next_built(self, block: bool) -> Any:
+        """The next finished build, waiting for one (`block`); the wait counts as the device waiting on builds
+        while candidates are in flight."""
+        if not block:
+            return self._built.get_nowait()
+        t0 = time.perf_counter()
+        waiting = self.results.in_flight() > 0
+        item = self._built.get()
+        if waiting:
+            self.wait_s += time.perf_counter() - t0
+        return item
+
+    def _measure_loop(self) -> None:
+        beside = self.builds_beside_measurements()
+        while True:
+            item = self._next_built(block=True)
+            if item is None:
+                return
+            if beside:
+                self._handle(item)
+                continue
+            self.builder.hold()  # no build runs while CPU kernels are timed
+            try:
+                self._handle(item)
+                while True:  # everything built meanwhile, in the same turn
+                    try:
+                        item = self._next_built(block=False)
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        return
+                    self._handle(item)
+            finally:
+                self.builder.release()
+
+    def _handle(self, item: tuple[int, Candidate, Future, bool]) -> None:
+        epoch, c, f, retried = item
+        if epoch != self._epoch or f.cancelled():
             return
-        wanted = {c.hash: c for c in candidates}
-        # the hint made before the last batch named the batch that comes next: kept until that batch asks
-        keep = {h for h, (_, hinted) in self._ahead.items() if hinted >= self._batches - 1} | set(wanted)
-        self.builder.drop_ahead(keep=keep)
-        self._ahead = {h: fb for h, fb in self._ahead.items() if h in keep and not fb[0].cancelled()}
-        for h, c in wanted.items():
-            if h not in self._ahead:
-                self._ahead[h] = (self.builder.submit(c, ahead=True), self._batches)
+        try:
+            build = f.result()
+            if build.retry and not retried:  # its builder process died: once more
+                self._build(c, epoch, retried=True)
+                return
+            if not build.cached:
+                self.build_s += build.build_s
+                self.builds += 1
+            if build.status != "ok":
+                m = Measurement(build.status, build.reason,
+                                {**build.metrics, "build_s": build.build_s, "build_cached": build.cached})
+            else:
+                m = self.measure(c, build)
+        except BaseException as exc:  # noqa: BLE001 - the evaluation itself failed: the search raises it
+            self.results.fail(exc)
+            return
+        if epoch == self._epoch:
+            self.results.put(c, m)
 
-    def _build_future(self, c: Candidate) -> Future:
-        f, hinted = self._ahead.pop(c.hash, (None, 0))
-        if f is not None and not f.cancelled():
-            # a hint made just before this batch (and naming some of it) gained nothing: only earlier ones count
-            if hinted < self._batches - 1:
-                self.built_ahead += 1
-            return f if f.done() else self.builder.submit(c)  # not done: the same build, moved up the queue
-        return self.builder.submit(c)
+    def _stop_measuring(self) -> None:
+        if self._measurer is not None:
+            self._epoch += 1
+            self._built.put(None)
+            self._measurer.join(timeout=30)
+            self._measurer = None
 
+    # ---- synchronous interface -----------------------------------------------------------------------------------
     def evaluate(self, candidate: Candidate) -> Measurement:
         return next(iter(self.evaluate_many([candidate])))[1]
 
     def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
-        """The batch's builds at once (those built ahead are ready); each candidate measured as soon as its build is
-        done; a build whose builder process died is tried once more."""
-        candidates = list(candidates)
-        self._batches += 1
-        self.before_batch()
-        futures: dict[Future, Candidate] = {self._build_future(c): c for c in candidates}
-        if not self.builds_beside_measurements():
-            for f in futures:
-                f.result()
-        retried: set[str] = set()
-        pending = dict(futures)
-        while pending:
-            t_wait = time.perf_counter()
-            for f in as_completed(list(pending)):
-                self.wait_s += time.perf_counter() - t_wait
-                c = pending.pop(f)
-                build = f.result()
-                if build.retry and c.hash not in retried:
-                    retried.add(c.hash)
-                    pending[self.builder.submit(c)] = c
-                    break
-                if not build.cached:
-                    self.build_s += build.build_s
-                    self.builds += 1
-                if build.status != "ok":
-                    yield c, Measurement(build.status, build.reason,
-                                         {**build.metrics, "build_s": build.build_s, "build_cached": build.cached})
-                else:
-                    yield c, self.measure(c, build)
-                break  # re-enter as_completed with the current pending set
+        """Submit them all, hand each result on as it comes (builds overlap measurements as in a search)."""
+        todo = {c.hash: c for c in candidates}
+        for c in todo.values():
+            self.submit(c)
+        left = set(todo)
+        while left:
+            for c, m in self.poll(None):
+                if c.hash in left:
+                    left.discard(c.hash)
+                    yield c, m
 
     def build_stats(self) -> dict[str, float]:
-        return {"build_s": self.build_s, "builds": self.builds, "wait_s": self.wait_s, "built_ahead": self.built_ahead}
+        return {"build_s": self.build_s, "builds": self.builds, "wait_s": self.wait_s}

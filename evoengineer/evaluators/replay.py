@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import heapq
 import dataclasses
 import hashlib
 import math
@@ -15,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
 from evoengineer.compiler.build_queue import BuildQueue
-from evoengineer.evaluators.base import METRICS, OK, STATUSES, Measurement
+from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming, round_robin
 from evoengineer.space.spec import SearchSpace, canonical_text
@@ -129,10 +130,15 @@ class BuildTimeModel:
     """How long a replayed candidate's build takes: `seconds` each, or the landscape's recorded `build_s` where it has
     one (`seconds` otherwise); `slots` builds at a time; every duration times `scale` (to replay fast)."""
 
-    def __init__(self, slots: int, seconds: float, *, recorded: bool = False, scale: float = 1.0):
-        if slots < 1 or not (math.isfinite(seconds) and seconds >= 0) or not (math.isfinite(scale) and scale > 0):
-            raise ValueError("BuildTimeModel: slots >= 1, seconds >= 0 and scale > 0")
+    def __init__(self, slots: int, seconds: float, *, recorded: bool = False, scale: float = 1.0,
+                 virtual: bool = False, measure_s: float = 0.0):
+        """`virtual`: simulated time instead of timers (VirtualPipeline: instant, deterministic), each measurement
+        taking `measure_s` of the device."""
+        if slots < 1 or not (math.isfinite(seconds) and seconds >= 0) or not (math.isfinite(scale) and scale > 0) \
+                or not (math.isfinite(measure_s) and measure_s >= 0):
+            raise ValueError("BuildTimeModel: slots >= 1, seconds >= 0, measure_s >= 0 and scale > 0")
         self.slots, self.seconds, self.recorded, self.scale = slots, seconds, recorded, scale
+        self.virtual, self.measure_s = virtual, measure_s
 
     def duration(self, recorded: Measurement) -> float:
         t = recorded.metrics.get("build_s") if self.recorded else None
@@ -157,8 +163,18 @@ class SimulatedBuilder:
             return done
         return self.queue.submit(candidate.hash, candidate, ahead=ahead)
 
-    def drop_ahead(self, keep: set[str]) -> int:
-        return self.queue.drop_ahead(lambda c: c.hash in keep)
+    @property
+    def slots(self) -> int:
+        return self.queue.slots
+
+    def hold(self) -> None:
+        self.queue.hold()
+
+    def release(self) -> None:
+        self.queue.release()
+
+    def cancel_queued(self) -> int:
+        return self.queue.cancel_queued()
 
     def _start(self, candidate: Candidate) -> Future:
         self.started.append(candidate.hash)
@@ -184,6 +200,54 @@ class SimulatedBuilder:
         self.queue.close()
 
 
+class VirtualPipeline:
+    """The build-and-measure pipeline in simulated time: builds on the model's slots (each starts once submitted and
+    a slot is free), one device measuring whatever build finished first, `measure_s` each; a build failure needs no
+    device. `poll` moves the clock to the next result. Instant and deterministic, so the order in which results
+    arrive (and so what an asynchronous search proposes) depends only on the durations: replays of many seeds
+    and strategies in seconds."""
+
+    def __init__(self, landscape: Landscape, model: BuildTimeModel):
+        self.landscape, self.model = landscape, model
+        self.now = 0.0
+        self.slot_free = [0.0] * model.slots
+        self.device_free = 0.0
+        self.busy_s = self.wait_s = 0.0
+        self._built: list[tuple[float, int, Candidate]] = []  # (build done, submit order, candidate)
+        self._seq = 0
+
+    def submit(self, candidate: Candidate) -> None:
+        i = min(range(len(self.slot_free)), key=lambda k: (self.slot_free[k], k))
+        done = max(self.now, self.slot_free[i]) + self.model.duration(self.landscape.lookup(candidate.params))
+        self.slot_free[i] = done
+        heapq.heappush(self._built, (done, self._seq, candidate))
+        self._seq += 1
+
+    def poll(self) -> list[tuple[Candidate, Measurement]]:
+        if not self._built:
+            return []
+        done, _, c = heapq.heappop(self._built)
+        m = self.landscape.lookup(c.params)
+        if m.status in BUILD_FAILURES:
+            self.now = max(self.now, done)
+            return [(c, m)]
+        start = max(self.device_free, done)
+        if self._built or done > self.device_free:
+            self.wait_s += max(0.0, done - self.device_free)
+        self.device_free = start + self.model.measure_s
+        self.busy_s += self.model.measure_s
+        self.now = max(self.now, self.device_free)
+        return [(c, m)]
+
+    def in_flight(self) -> int:
+        return len(self._built)
+
+    def cancel(self) -> list[Candidate]:
+        gone = [c for _, _, c in self._built]
+        self._built.clear()
+        return gone
+
+
 class ReplayEvaluator(BuildAheadEvaluator):
     """Answers each candidate from a landscape file: deterministic, instant, no device. With a build-time model
     (`builds`), candidates are built (simulated) and measured as the local evaluator does: the batch's builds at
@@ -198,27 +262,61 @@ class ReplayEvaluator(BuildAheadEvaluator):
         self.delay_s = delay_s  # simulated measurement time, for demos and interruption tests
         self.log_path = Path(log_path) if log_path else None  # audit trail: one line per measurement asked for
         self.busy_s = 0.0  # simulated device time spent
-        self.builder = SimulatedBuilder(self.landscape, builds) if builds is not None else None
+        self.virtual = VirtualPipeline(self.landscape, builds) if builds is not None and builds.virtual else None
+        self.builder = SimulatedBuilder(self.landscape, builds) if builds is not None and not builds.virtual else None
         self._init_pipeline()
         if check:
             self.landscape.check_covers()
 
-    def wants_prefetch(self, certain: bool) -> bool:
-        return self.builder is not None
+    # without a build-time model: one candidate at a time, answered at once (Evaluator's defaults); in simulated
+    # time: the VirtualPipeline; with timers: the build-and-measure pipeline
+    def concurrency(self) -> int:
+        if self.virtual is not None:
+            return self.virtual.model.slots + 2
+        return super().concurrency() if self.builder is not None else 1
+
+    def submit(self, candidate: Candidate) -> None:
+        if self.virtual is not None:
+            self.virtual.submit(candidate)
+        elif self.builder is not None:
+            super().submit(candidate)
+        else:
+            Evaluator.submit(self, candidate)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[Candidate, Measurement]]:
+        if self.virtual is not None:
+            out = self.virtual.poll()
+            self.busy_s = self.virtual.busy_s
+            for c, _ in out:
+                self._log(c, _)
+            return out
+        return super().poll(timeout) if self.builder is not None else Evaluator.poll(self, timeout)
+
+    def in_flight(self) -> int:
+        if self.virtual is not None:
+            return self.virtual.in_flight()
+        return super().in_flight() if self.builder is not None else Evaluator.in_flight(self)
+
+    def cancel(self) -> list[Candidate]:
+        if self.virtual is not None:
+            return self.virtual.cancel()
+        return super().cancel() if self.builder is not None else Evaluator.cancel(self)
 
     def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
-        if self.builder is not None:
+        if self.builder is not None or self.virtual is not None:
             yield from super().evaluate_many(candidates)
         else:
             for c in candidates:
                 yield c, self.evaluate(c)
 
     def evaluate(self, candidate: Candidate) -> Measurement:
-        if self.builder is None:
+        if self.builder is None and self.virtual is None:
             return self.measure(candidate, None)
         return next(iter(super().evaluate_many([candidate])))[1]
 
     def build_stats(self) -> dict[str, float] | None:
+        if self.virtual is not None:
+            return {"build_s": 0.0, "builds": 0, "wait_s": self.virtual.wait_s}
         return super().build_stats() if self.builder is not None else None
 
     def close(self) -> None:
@@ -236,10 +334,13 @@ class ReplayEvaluator(BuildAheadEvaluator):
             time.sleep(self.delay_s)
             self.busy_s += self.delay_s
         m = self.landscape.lookup(candidate.params)
+        self._log(candidate, m)
+        return m
+
+    def _log(self, candidate: Candidate, m: Measurement) -> None:
         if self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(f"{candidate.hash} {m.status}\n")
-        return m
 
     def retime(self, candidates: Sequence[Candidate], *, session: str) -> Retiming:
         """The recorded time again, once per round, in the order a real re-timing would run (round-robin): a

@@ -145,7 +145,7 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
             else ""
         print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
               f"strategy {what}, evaluator {evaluator.kind}{where}, store {db}", file=sys.stderr)
-    return _execute(store, run, space, evaluator, s, Path(out), state=None, quiet=quiet, token=token)
+    return _execute(store, run, space, evaluator, s, Path(out), quiet=quiet, token=token)
 
 
 def _size_for_cluster(s: SearchSettings, space: SearchSpace, gpu_workers: int, quiet: bool) -> None:
@@ -218,25 +218,15 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: b
 
 def _resume_with(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool, space: SearchSpace,
                  s: SearchSettings, out: Path, evaluator: Evaluator) -> int:
-    checkpoint = None
-    if not from_scratch:
-        try:
-            checkpoint = store.latest_checkpoint(run.id)
-        except (ValueError, SQLAlchemyError) as exc:
-            raise UserError(f"run {run.id}: its newest checkpoint is damaged ({_first_line(exc)}); resume with "
-                            "--from-scratch (proposes again from generation 0; stored measurements are reused)") \
-                from None
-        if checkpoint is not None and (not isinstance(checkpoint[1], dict)
-                                       or checkpoint[1].get("strategy", s.strategy) != s.strategy):
-            raise UserError(f"run {run.id}: the checkpoint of generation {checkpoint[0]} is not a {s.strategy} "
-                            "checkpoint; resume with --from-scratch")
-    state = checkpoint[1] if checkpoint else None
+    if from_scratch:
+        store.clear_proposals(run.id)  # the search proposes anew (what was measured is answered at once)
+    proposals = len(store.proposals(run.id))
     store.set_run_status(run.id, "running")
     if not quiet:
-        where = f"generation {checkpoint[0]}" if checkpoint else "the start"
+        where = f"its {proposals} proposals replayed" if proposals else "the start"
         print(f"resuming run {run.id} ({space.name}) from {where}; "
               f"{store.count_candidates(run.id)} evaluations already stored", file=sys.stderr)
-    return _execute(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token)
+    return _execute(store, run, space, evaluator, s, out, quiet=quiet, token=token)
 
 
 @contextlib.contextmanager
@@ -285,13 +275,13 @@ def _heartbeat(store: Store, runner: Runner, token: str, claim: elite_json.OutCl
 
 
 def _execute(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
-             state: dict[str, Any] | None, quiet: bool, token: str) -> int:
+             quiet: bool, token: str) -> int:
     """Drive the run while holding its lease (renewed in the background, released at the end) and the claim on
     its elite.json. A store or disk that fails mid-run ends it with one line (exit 1), resumable."""
     claim = elite_json.OutClaim(out, run.id, store.url)
     try:
         claim.acquire()
-        return _drive(store, run, space, evaluator, s, out, state=state, quiet=quiet, token=token, claim=claim)
+        return _drive(store, run, space, evaluator, s, out, quiet=quiet, token=token, claim=claim)
     except (SQLAlchemyError, StoreError, OSError) as exc:
         with contextlib.suppress(Exception):
             store.set_run_status(run.id, "interrupted", f"{type(exc).__name__}: {_first_line(exc)}")
@@ -314,7 +304,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator, s: SearchSettings, out: Path, *,
-           state: dict[str, Any] | None, quiet: bool, token: str, claim: elite_json.OutClaim) -> int:
+           quiet: bool, token: str, claim: elite_json.OutClaim) -> int:
     printer = None if quiet else ProgressPrinter()
     runner = Runner(space=space, evaluator=evaluator, store=store, run=run, settings=s, out=out,
                     observers=[printer] if printer else [])
@@ -324,15 +314,7 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
     try:
         with evaluator, _stop_on_sigint(runner), _heartbeat(store, runner, token, claim):
             evaluator.start()
-            try:
-                reason = strategy.run(state)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                if state is None or runner.evaluate_calls:
-                    raise
-                # the strategy failed reading its checkpoint before proposing anything: damaged state
-                raise UserError(f"run {run.id}: the checkpoint of generation {state.get('generation', '?')} cannot "
-                                f"be used ({type(exc).__name__}: {exc}); resume with --from-scratch (proposes again "
-                                "from generation 0; stored measurements are reused, not repeated)") from None
+            reason = strategy.run()
     except LeaseLost as exc:  # the run is someone else's now: write nothing more
         print(str(exc), file=sys.stderr)
         return 1

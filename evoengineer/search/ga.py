@@ -1,11 +1,16 @@
-"""Genetic algorithm over a space (DEAP), with the K best valid individuals carried into every generation.
+"""Steady-state genetic algorithm over a space (DEAP operators), the K best valid individuals always kept.
 
-Determinism: all randomness comes from one private `random.Random` per search, seeded from the run's seed (never
-the global `random` module: other code in the process, e.g. Dask's client, draws from that); the operators that DEAP
-would take from its module-level `random` (uniform crossover, tournament selection) are here with an `rng` argument,
-drawing exactly as DEAP's do. A checkpoint after every generation holds the population, the hall of fame, the logbook
-and the RNG state (JSON, no pickle). Resuming replays the interrupted generation from that state, so the evaluated
-set and the elites equal an uninterrupted run.
+No generations: each proposal is one child bred from the population as it stands, and each result that arrives
+takes the place of the oldest member that is not one of the K elites (age-based replacement: with results arriving
+P - K at a time this is the generational GA with K elites carried). Exploration as tuned on the recorded landscapes
+(experiments/strategies/README.md): the unseen neighbours of the best first, a share of random unseen immigrants
+(more once the search stagnates), children pre-screened by a gene-value model of what was measured.
+
+Determinism: all randomness comes from one private `random.Random`, seeded from the run's seed (never the global
+`random` module: other code in the process, e.g. Dask's client, draws from that); the operators that DEAP would take
+from its module-level `random` (uniform crossover, tournament selection) are here with an `rng` argument, drawing
+exactly as DEAP's do. A proposal depends only on the seed and on the order of earlier proposals and results, which
+the search loop logs: a resumed run replays them (search/loop.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 from deap import base, creator, tools
 
 from evoengineer.search.runner import Runner
+from evoengineer.search.strategy import Genome, Strategy
 from evoengineer.space.spec import SearchSpace
 
 if not hasattr(creator, "EvoFitnessMin"):
@@ -41,7 +47,7 @@ class GAParams:
     indpb: float = 0.1
     tournsize: int = 3
     novelty_tries: int = 20
-    plus_survival: bool = False  # next population: the best of parents + children (mu+lambda), not K elites + children
+    plus_survival: bool = False  # population: the best told so far (mu+lambda), not age-based with K elites kept
     prescreen: int = 8  # breed this many children per slot and keep the ones the gene-value model ranks best (1: off)
     # exploration that no model or basin can switch off: this share of the kept children is drawn at random from the
     # bred ones instead of by the pre-screen, and this share of each generation is random unseen configurations
@@ -179,297 +185,157 @@ class GeneValueModel:
         return float(sum(lr[g] for lr, g in zip(self.log_ratio, genome)))
 
 
-# ---- state <-> JSON ---------------------------------------------------------------------------------------------
-def rng_to_json(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def rng_from_json(data: list) -> tuple:
-    version, internal, gauss = data
-    return (version, tuple(internal), gauss)
-
-
 def _individual(genome: Sequence[int]) -> Individual:
     return creator.EvoIndividual(list(genome))
 
 
 # ---- the algorithm ----------------------------------------------------------------------------------------------
-class GeneticSearch:
-    """One GA run over a Runner. `run(state)` starts fresh (state None) or continues from a checkpoint state."""
+class GeneticSearch(Strategy):
+    """Steady-state GA over a Runner's space (see the module doc)."""
 
     name = "ga"
 
     def __init__(self, runner: Runner, params: GAParams | None = None):
-        self.runner = runner
-        self.space = runner.space
-        self.settings = runner.settings
+        super().__init__(runner)
         self.params = params or GAParams()
-        self.rng = random.Random(self.settings.seed)  # private: seeded again by run(), restored from checkpoints
+        self.rng = random.Random(self.settings.seed)
         self.toolbox = make_toolbox(self.space, self.params, self.rng)
-        self.stats = make_stats()
-        self.hof = tools.HallOfFame(max(1, self.settings.elite))
-        self.logbook = tools.Logbook()
-        self.logbook.header = ["gen", "evals", "valid", "best", "median"]
-        self._genomes: dict[str, tuple[int, ...]] = {}  # record hash -> genome, for the pre-screen model
+        self.population: list[Genome] = []  # members, oldest first (results told)
+        self._initial: list[Genome] | None = None
+        self._best = math.inf
+        self._since_gain = 0  # results told since the best last improved
+        self._model: GeneValueModel | None = None
+        self._model_at = -1  # results told when the model was made
 
-    # fitness from the runner's records; failed or unevaluated -> inf (never in the hall of fame)
-    def _assign(self, pop: Sequence[Individual], generation: int) -> None:
-        records = self.runner.evaluate(pop, generation)
-        for ind, rec in zip(pop, records):
-            if rec is not None:
-                ind.fitness.values = (rec.time_us,)
+    # ---- bookkeeping of results ---------------------------------------------------------------------------------
+    def _fitness(self, g: Genome) -> tuple[float, str]:
+        rec = self.told[g]
+        return rec.time_us, rec.hash
 
-    def _update_hof(self, pop: Sequence[Individual]) -> None:
-        self.hof.update([ind for ind in pop if ind.fitness.valid and math.isfinite(ind.fitness.values[0])])
+    def elites(self) -> list[Genome]:
+        """The K best correct configurations of the population (ties by hash)."""
+        ok = [g for g in self.population if math.isfinite(self.told[g].time_us)]
+        return sorted(ok, key=self._fitness)[: self.settings.elite]
 
-    def _elite_hashes(self) -> list[str]:
-        return [self.runner.hash_of(ind) for ind in self.hof]
-
-    def _record(self, gen: int, pop: Sequence[Individual]) -> dict[str, Any]:
-        rec = self.stats.compile(pop)
-        self.logbook.record(gen=gen, evals=self.runner.evaluations, **rec)
-        return {"gen": gen, "evals": self.runner.evaluations, **rec}
-
-    def _checkpoint(self, gen: int, pop: Sequence[Individual]) -> None:
-        state = {
-            "strategy": self.name,
-            "generation": gen,
-            "population": [list(ind) for ind in pop],
-            "hall_of_fame": [list(ind) for ind in self.hof],  # best first
-            "logbook": [dict(r) for r in self.logbook],
-            "rng": rng_to_json(self.rng.getstate()),
-        }
-        self.runner.store.save_checkpoint(self.runner.run.id, gen, state)
-
-    def _restore(self, state: dict[str, Any]) -> tuple[int, list[Individual]]:
-        pop = [_individual(g) for g in state["population"]]
-        for ind in pop:
-            rec = self.runner.records.get(self.runner.hash_of(ind))
-            if rec is not None:
-                ind.fitness.values = (rec.time_us,)
-        self.hof.clear()
-        for g in reversed(state["hall_of_fame"]):  # reversed insertion reproduces the saved order, ties included
-            ind = _individual(g)
-            ind.fitness.values = (self.runner.records[self.runner.hash_of(ind)].time_us,)
-            self.hof.insert(ind)
-        for r in state["logbook"]:
-            self.logbook.record(**r)
-        self.rng.setstate(rng_from_json(state["rng"]))
-        return int(state["generation"]), pop
-
-    def _initial_population(self) -> list[Individual]:
-        valid = self.space.valid_genomes()
-        n = self.settings.population
-        if n <= len(valid):
-            return [_individual(g) for g in self.rng.sample(valid, n)]
-        return [_individual(g) for g in valid] + [self.toolbox.individual() for _ in range(n - len(valid))]
-
-    def _novel(self, child: Individual, gen: int, taken: set[tuple[int, ...]]) -> Individual:
-        """Nudge a child that repeats an earlier evaluation (or a sibling) toward an unseen valid config."""
-        for _ in range(self.params.novelty_tries):
-            if not self.runner.seen_before(child, gen) and tuple(child) not in taken:
-                break
-            self.toolbox.mutate(child)
-            self.toolbox.repair(child)
-        return child
-
-    def _offspring(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
-        """n children for generation `gen`: first the unseen neighbours of the best (see `local_patience`), then
-        `immigrants` x n random unseen configurations (`stagnation_immigrants` x n once the run stagnates and no
-        neighbour is left); the rest bred, with prescreen > 1 the best-scored of prescreen x as many bred (less a
-        `prescreen_bypass` share drawn at random from the others). Any child still repeating an earlier evaluation or
-        a sibling is replaced by an immigrant. Every input is a record of an earlier generation or the RNG."""
-        stagnant = self._stagnant_generations(gen)
-        local = self._unseen_neighbours(gen) if 0 <= self.params.local_patience <= stagnant else []
-        share = self.params.immigrants if local else self._immigrant_share(gen)
-        n_imm = int(round(n * share)) if n > 2 else 0
-        n_local = min(len(local), n - n_imm)
-        n_bred = n - n_imm - n_local
-        model = self._model(gen) if self.params.prescreen > 1 else None
-        if model is None:
-            children = self._breed(pop, n_bred, gen)
+    def observe(self, genome: Genome, record: Any) -> None:
+        t = record.time_us
+        if t < self._best:
+            self._best, self._since_gain = t, 0
         else:
-            bred = self._breed(pop, n_bred * self.params.prescreen, gen)
-            order = sorted(range(len(bred)), key=lambda k: (-model.score(bred[k]), k))
-            n_free = int(round(n_bred * self.params.prescreen_bypass))
-            kept, rest = order[: n_bred - n_free], order[n_bred - n_free:]
-            kept += self.rng.sample(rest, min(n_free, len(rest)))
-            children = [bred[k] for k in kept]
-        return self._fill_unseen([_individual(g) for g in local[:n_local]] + children, n_imm, gen)
+            self._since_gain += 1
+        if genome in self.population:
+            return
+        size = self.settings.population
+        if self.params.plus_survival:  # (mu+lambda): the best `population` told so far
+            self.population = sorted([*self.population, genome], key=self._fitness)[:size]
+            return
+        if len(self.population) >= size:
+            keep = set(self.elites())
+            for i, g in enumerate(self.population):  # the oldest member that is not an elite leaves
+                if g not in keep:
+                    del self.population[i]
+                    break
+        self.population.append(genome)
 
-    def _unseen_neighbours(self, gen: int) -> list[tuple[int, ...]]:
-        """The valid configurations one gene away from the best of the earlier generations that no earlier
-        generation evaluated, in a random (seeded) order."""
-        ok = [r for r in self.runner.records.values() if r.generation < gen and math.isfinite(r.time_us)]
+    # ---- proposals ----------------------------------------------------------------------------------------------
+    def propose(self) -> Genome | None:
+        if self._initial is None:
+            valid = self.space.valid_genomes()
+            n = min(self.settings.population, len(valid))
+            self._initial = [tuple(g) for g in self.rng.sample(valid, n)]
+        while self._initial:  # the first population: a random sample of the valid space
+            g = self._initial.pop(0)
+            if not self.seen(g):
+                return g
+        if len(self.told) + len(self.pending) >= self.space.count_valid():
+            return None
+        if len([g for g in self.population if math.isfinite(self.told[g].time_us)]) < 2:
+            return self._immigrant()  # nothing to breed from yet (every result so far failed, or none arrived)
+        local = self._unseen_neighbours() if 0 <= self.params.local_patience <= self._stagnant() else []
+        share = self.params.immigrants if local else self._immigrant_share()
+        if self.rng.random() < share:
+            return self._immigrant()
+        if local:
+            return local[self.rng.randrange(len(local))]
+        child = self._bred()
+        return child if child is not None else self._immigrant()
+
+    def _stagnant(self) -> int:
+        """Population turnovers (P - K results each, a generation of the generational GA) since the best improved."""
+        return self._since_gain // max(1, self.settings.population - self.settings.elite)
+
+    def _immigrant_share(self) -> float:
+        p = self.params
+        if self._stagnant() < p.patience or self._since_gain < p.patience_share * self.space.count_valid():
+            return p.immigrants
+        return max(p.immigrants, p.stagnation_immigrants)
+
+    def _unseen_neighbours(self) -> list[Genome]:
+        """The valid configurations one gene away from the best told so far, neither told nor pending."""
+        ok = [g for g in self.told if math.isfinite(self.told[g].time_us)]
         if not ok:
             return []
-        best = list(self._genome_of(min(ok, key=lambda r: (r.time_us, r.hash))))
+        best = list(min(ok, key=self._fitness))
         out = []
         for i, p in enumerate(self.space.parameters):
             for v in range(len(p.values)):
                 if v != best[i]:
                     g = tuple(best[:i] + [v] + best[i + 1:])
-                    if self.space.is_valid_genome(g) and not self.runner.seen_before(g, gen):
+                    if self.space.is_valid_genome(g) and not self.seen(g):
                         out.append(g)
-        self.rng.shuffle(out)
         return out
 
-    def _fill_unseen(self, children: list[Individual], n_imm: int, gen: int) -> list[Individual]:
-        """`children` with repeats (of earlier generations or of siblings) replaced by random unseen valid
-        configurations, plus `n_imm` more of those; fewer only when the unseen configurations run out."""
-        unseen: list[tuple[int, ...]] | None = None
-        taken: set[tuple[int, ...]] = set()
+    def _immigrant(self) -> Genome | None:
+        """A random valid configuration neither told nor pending."""
+        valid = self.space.valid_genomes()
+        for _ in range(64):
+            g = tuple(valid[self.rng.randrange(len(valid))])
+            if not self.seen(g):
+                return g
+        unseen = [tuple(g) for g in valid if not self.seen(g)]
+        return unseen[self.rng.randrange(len(unseen))] if unseen else None
 
-        def immigrant() -> tuple[int, ...] | None:
-            nonlocal unseen
-            if unseen is None:  # computed once per generation, and only when needed
-                unseen = [g for g in self.space.valid_genomes() if not self.runner.seen_before(g, gen)]
-            while unseen:
-                g = unseen.pop(self.rng.randrange(len(unseen)))
-                if g not in taken:
-                    return g
-            return None
+    def model(self) -> GeneValueModel | None:
+        """The gene-value model of the results told, made again once a turnover's worth of new results arrived
+        (None until 10 correct ones)."""
+        n = len(self.told)
+        step = max(1, (self.settings.population - self.settings.elite) // 2)
+        if self._model_at < 0 or n - self._model_at >= step:
+            scored = [(g, r.time_us) for g, r in self.told.items()]
+            self._model = GeneValueModel(self.space, scored) \
+                if sum(1 for _, t in scored if math.isfinite(t)) >= 10 else None
+            self._model_at = n
+        return self._model
 
-        def repeats(child: Individual) -> bool:
-            return self.runner.seen_before(child, gen) or tuple(child) in taken
-
-        out: list[Individual] = []
-        for child in children:
-            # a repeat first jumps further from where it is (mutation of a third of its genes), then anywhere
-            for _ in range(self.params.novelty_tries if repeats(child) else 0):
-                mutate_genes(child, self.space, 1 / 3, self.rng)
-                repair(child, self.space, 1 / 3, rng=self.rng)
-                if not repeats(child):
+    def _bred(self) -> Genome | None:
+        """One child: `prescreen` children bred from the population (tournament, uniform crossover, mutation,
+        repair, nudged away from repeats), the one the gene-value model scores best kept."""
+        tb, p = self.toolbox, self.params
+        pop = [_individual(g) for g in self.population]
+        for ind in pop:
+            ind.fitness.values = (self.told[tuple(ind)].time_us,)
+        model = self.model() if p.prescreen > 1 else None
+        tries = p.prescreen if model is not None else 1
+        bred: list[Genome] = []
+        for _ in range(tries):
+            a, b = (tb.clone(ind) for ind in tb.select(pop, 2))
+            if self.rng.random() < p.cxpb:
+                tb.mate(a, b)
+            if self.rng.random() < p.mutpb:
+                tb.mutate(a)
+            tb.repair(a)
+            for _ in range(p.novelty_tries if self.seen(a) or tuple(a) in bred else 0):
+                mutate_genes(a, self.space, 1 / 3, self.rng)
+                repair(a, self.space, 1 / 3, rng=self.rng)
+                if not self.seen(a) and tuple(a) not in bred:
                     break
-            if repeats(child):
-                g = immigrant()
-                if g is not None:
-                    child[:] = g
-            taken.add(tuple(child))
-            out.append(child)
-        for _ in range(n_imm):
-            g = immigrant()
-            if g is None:
-                break
-            taken.add(g)
-            out.append(_individual(g))
-        return out
-
-    def _immigrant_share(self, gen: int) -> float:
-        """The share of generation `gen` that is random unseen configurations (from earlier generations only)."""
-        p = self.params
-        gens, evals = self._stagnation(gen)
-        if gens < p.patience or evals < p.patience_share * self.space.count_valid():
-            return p.immigrants
-        return max(p.immigrants, p.stagnation_immigrants)
-
-    def _stagnant_generations(self, gen: int) -> int:
-        return self._stagnation(gen)[0]
-
-    def _stagnation(self, gen: int) -> tuple[int, int]:
-        """Generations before `gen` since the best result last improved, and the evaluations they made (from the
-        records of earlier generations only, so a resumed generation decides as the uninterrupted one did)."""
-        best_of: dict[int, float] = {}
-        count: dict[int, int] = {}
-        for r in self.runner.records.values():
-            if r.generation < gen:
-                best_of[r.generation] = min(best_of.get(r.generation, math.inf), r.time_us)
-                count[r.generation] = count.get(r.generation, 0) + 1
-        if not best_of:
-            return 0, 0
-        best, last_gain = math.inf, 0
-        for g in sorted(best_of):
-            if best_of[g] < best:
-                best, last_gain = best_of[g], g
-        return (gen - 1) - last_gain, sum(n for g, n in count.items() if g > last_gain)
-
-    def _model(self, gen: int) -> GeneValueModel | None:
-        """The gene-value model of what earlier generations measured (never the current one's partial results, so
-        a resumed generation breeds exactly as the uninterrupted one did). None until 10 correct evaluations."""
-        scored = [(self._genome_of(r), r.time_us) for r in self.runner.records.values() if r.generation < gen]
-        if sum(1 for _, t in scored if math.isfinite(t)) < 10:
+            if not self.seen(a) and tuple(a) not in bred:
+                bred.append(tuple(a))
+        if not bred:
             return None
-        return GeneValueModel(self.space, scored)
+        if model is None:
+            return bred[0]
+        return max(enumerate(bred), key=lambda kv: (model.score(kv[1]), -kv[0]))[1]
 
-    def _genome_of(self, rec: Any) -> tuple[int, ...]:
-        g = self._genomes.get(rec.hash)
-        if g is None:
-            g = self._genomes[rec.hash] = tuple(self.space.params_to_genome(rec.params))
-        return g
-
-    def _breed(self, pop: Sequence[Individual], n: int, gen: int) -> list[Individual]:
-        tb = self.toolbox
-        chosen = tb.select(pop, n)
-        offspring = [tb.clone(ind) for ind in chosen]
-        for i in range(1, len(offspring), 2):
-            if self.rng.random() < self.params.cxpb:
-                tb.mate(offspring[i - 1], offspring[i])
-        taken: set[tuple[int, ...]] = set()
-        for child in offspring:
-            if self.rng.random() < self.params.mutpb:
-                tb.mutate(child)
-            tb.repair(child)
-            self._novel(child, gen, taken)
-            taken.add(tuple(child))
-            del child.fitness.values
-        return offspring
-
-    def _speculate(self, pop: Sequence[Individual], n: int, gen: int) -> None:
-        """Start building (never measuring) what generation `gen` will likely breed, while the generation before it
-        is measured: a guess made as if that generation's results changed nothing (the neighbours of the best so
-        far, children of the current elites). The RNG is put back, so the real breeding draws exactly as without
-        the guess; a guessed child that is bred for real finds its build in the cache."""
-        if not self.runner.wants_prefetch(certain=False):
-            return
-        state = self.rng.getstate()
-        try:
-            guess = self._offspring([self.toolbox.clone(ind) for ind in pop], n, gen)
-        finally:
-            self.rng.setstate(state)
-        self.runner.prefetch(guess)
-
-    def run(self, state: dict[str, Any] | None = None) -> str:
-        """Search until the generations or the budget run out. Returns why it stopped."""
-        r, s = self.runner, self.settings
-        if state is None:
-            self.rng.seed(s.seed)
-            pop = self._initial_population()
-            gen = 0
-            self._assign(pop, 0)
-            self._update_hof(pop)
-            stats = self._record(0, pop)
-            if not r.exhausted:
-                self._checkpoint(0, pop)
-            r.publish(self._elite_hashes(), 0, stats=stats)
-        else:
-            gen, pop = self._restore(state)
-        while True:
-            if r.exhausted:
-                reason = r.why_stopped()
-                break
-            if r.space_exhausted:
-                reason = "space exhausted"
-                break
-            if gen >= s.generations:
-                reason = "generations"
-                break
-            gen += 1
-            elites = [self.toolbox.clone(ind) for ind in self.hof][: s.elite]
-            offspring = self._offspring(pop, max(0, s.population - len(elites)), gen)
-            if gen < s.generations:
-                self._speculate(elites + offspring, max(0, s.population - len(elites)), gen + 1)
-            self._assign(offspring, gen)
-            if self.params.plus_survival:
-                pool = [ind for ind in pop + offspring if ind.fitness.valid]
-                pool.sort(key=lambda ind: (ind.fitness.values[0], self.runner.hash_of(ind)))
-                pop = [self.toolbox.clone(ind) for ind in pool[: s.population]]
-            else:
-                pop = elites + offspring
-            self._update_hof(offspring)
-            stats = self._record(gen, pop)
-            if not r.exhausted:
-                self._checkpoint(gen, pop)
-            r.publish(self._elite_hashes(), gen, stats=stats)
-        r.publish(self._elite_hashes(), gen, finished=True, stats={"gen": gen, "stop": reason})
-        return reason
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "population": len(self.population), "stagnant": self._stagnant()}

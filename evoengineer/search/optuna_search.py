@@ -3,15 +3,15 @@
 Mapping: an ordinal parameter is an integer index (IntDistribution 0..n-1), so every sampler sees its order; a
 categorical one (booleans included) is a CategoricalDistribution of its values. Single-valued parameters are fixed.
 
-Every suggestion becomes a trial of an in-memory study. A suggestion that violates a constraint, or repeats a
-configuration already evaluated (or already pending in this batch), costs no evaluation: the violation is told as a
-failed trial, the repeat as its known result, and the nearest valid configuration not yet seen is enqueued as the
+Every proposal is one trial of an in-memory study (ask), told its result when it arrives (tell): the trials still
+pending are the sampler's to handle (TPE's constant liar). A suggestion that violates a constraint, or repeats a
+configuration already told (or pending), costs no evaluation: the violation is told as a failed trial, the repeat
+its known result (or, pending, once it arrives), and the nearest valid configuration not yet seen is enqueued as the
 next trial, so each new evaluation takes at most two asks and the loop cannot stall. Candidates that fail (compile
 error, wrong, timeout...) are told as failed trials.
 
-The store is the source of truth: the study is mirrored there one evaluation at a time (the candidates table, in
-evaluation order), and `resume` rebuilds the study from it, so nothing measured is measured again. The sampler's
-own random state is not restored: a resumed run continues from the same trials with a fresh draw.
+A resume replays the run's proposals and results into a fresh study with the same seeded sampler (search/loop.py):
+the sampler ends in the state the interrupted run had, whatever it keeps internally.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from evoengineer.store import CandidateRecord
 from evoengineer.errors import UserError
 from evoengineer.search.runner import Runner
+from evoengineer.search.strategy import Genome, Strategy
 
 SAMPLERS = ("tpe", "cmaes", "gp", "nsga2", "random", "qmc")
 DEFAULT_SAMPLER = "tpe"
@@ -73,15 +74,13 @@ def make_sampler(name: str, *, seed: int, population: int):
     raise UserError(f"--sampler {name!r}: unknown (known: {', '.join(SAMPLERS)})")
 
 
-class OptunaSearch:
-    """Ask a batch of new valid configurations, evaluate them together, tell the results; repeat."""
+class OptunaSearch(Strategy):
+    """Ask a new valid configuration, tell each result as it arrives."""
 
     name = "optuna"
 
     def __init__(self, runner: Runner):
-        self.runner = runner
-        self.space = runner.space
-        self.settings = runner.settings
+        super().__init__(runner)
         self.sampler_name = self.settings.sampler or DEFAULT_SAMPLER
         self.optuna = _optuna()
         d = self.optuna.distributions
@@ -94,9 +93,12 @@ class OptunaSearch:
         self.valid = np.array(self.space.valid_genomes(), dtype=np.int64).reshape(-1, len(self.space.parameters))
         self._ordinal = np.array([p.ordinal for p in self.space.parameters], dtype=bool)
         self._valid_index = {tuple(int(x) for x in g): i for i, g in enumerate(self.valid)}
-        self._seen = np.zeros(len(self.valid), dtype=bool)  # evaluated, or pending in the current batch
+        self._seen = np.zeros(len(self.valid), dtype=bool)  # told or pending
         self.rng = random.Random(f"optuna-projection:{self.settings.seed}")
         self.counts = {"asks": 0, "violations": 0, "repeats": 0}
+        self.study: Any = None
+        self._trials: dict[Genome, Any] = {}  # pending configuration -> its trial
+        self._echoes: dict[Genome, list[Any]] = {}  # pending configuration -> trials that repeated it
 
     # ---- genome <-> trial params ----------------------------------------------------------------------------------
     def genome_of(self, params: dict[str, Any]) -> tuple[int, ...]:
@@ -123,21 +125,18 @@ class OptunaSearch:
         return self.optuna.create_study(direction="minimize", sampler=sampler,
                                         study_name=f"evoengineer-run-{self.runner.run.id}")
 
-    def _tell(self, study, trial, rec: CandidateRecord | None) -> None:
+    def _tell(self, trial, rec: CandidateRecord) -> None:
         TrialState = self.optuna.trial.TrialState
-        if rec is None:  # the budget ran out before it was reached
-            study.tell(trial, state=TrialState.FAIL)
-            return
         trial.set_user_attr("hash", rec.hash)
         trial.set_user_attr("status", rec.status)
         if rec.status == "ok" and math.isfinite(rec.time_us):
-            study.tell(trial, rec.time_us)
+            self.study.tell(trial, rec.time_us)
         else:
-            study.tell(trial, state=TrialState.FAIL)
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def nearest_unseen(self, genome: Sequence[int]) -> tuple[int, ...] | None:
         """The valid configuration closest to `genome` (index steps on ordinal genes, 1 per differing categorical
-        gene) that is neither evaluated nor pending; ties broken by the run's seeded RNG. None if none is left."""
+        gene) that is neither told nor pending; ties broken by the run's seeded RNG. None if none is left."""
         free = np.flatnonzero(~self._seen)
         if len(free) == 0:
             return None
@@ -147,79 +146,46 @@ class OptunaSearch:
         best = free[dist == dist.min()]
         return tuple(int(x) for x in self.valid[self.rng.choice(list(best))])
 
-    def _ask_new(self, study, echoes: list[tuple[Any, str]], gen: int) -> tuple[Any, tuple[int, ...]] | None:
-        """One trial holding a valid, unseen configuration; None when every valid configuration is seen."""
+    def propose(self) -> Genome | None:
+        """One trial holding a valid configuration neither told nor pending; None when none is left."""
+        if self.study is None:
+            self.study = self._new_study()
         TrialState = self.optuna.trial.TrialState
         for _ in range(4):  # an enqueued configuration comes back on the next ask; the loop is a safety net
-            trial = study.ask(self.distributions)
+            trial = self.study.ask(self.distributions)
             self.counts["asks"] += 1
             genome = self.genome_of(trial.params)
             i = self._valid_index.get(genome)
-            if i is not None and not self._seen[i]:
+            if i is not None and not self._seen[i] and not self.seen(genome):
                 self._seen[i] = True
-                return trial, genome
+                self._trials[genome] = trial
+                return genome
             if i is None:
                 self.counts["violations"] += 1
                 trial.set_user_attr("violates", "; ".join(self.space.violated(self.space.genome_to_params(genome))))
-                study.tell(trial, state=TrialState.FAIL)
+                self.study.tell(trial, state=TrialState.FAIL)
             else:
                 self.counts["repeats"] += 1
-                h = self.runner.hash_of(genome)
-                rec = self.runner.records.get(h)
-                if rec is not None and rec.generation < gen:
-                    self._tell(study, trial, rec)
+                self._seen[i] = True
+                if genome in self.told:
+                    self._tell(trial, self.told[genome])
                 else:
-                    echoes.append((trial, h))  # pending in this batch: told once it is measured
+                    self._echoes.setdefault(genome, []).append(trial)  # pending: told once it arrives
             nxt = self.nearest_unseen(genome)
             if nxt is None:
                 return None
-            study.enqueue_trial(self.params_of(nxt), skip_if_exists=False)
+            self.study.enqueue_trial(self.params_of(nxt), skip_if_exists=False)
         raise RuntimeError("optuna did not return the enqueued configuration")
 
-    def batch_size(self) -> int:
-        # GP proposes the acquisition optimum of the completed trials: a batch would repeat it, so it goes one by one
-        return 1 if self.sampler_name == "gp" else max(1, self.settings.population)
+    def observe(self, genome: Genome, record: CandidateRecord) -> None:
+        i = self._valid_index.get(genome)
+        if i is not None:
+            self._seen[i] = True
+        trial = self._trials.pop(genome, None)
+        if trial is not None:
+            self._tell(trial, record)
+        for t in self._echoes.pop(genome, []):
+            self._tell(t, record)
 
-    # ---- checkpoints ----------------------------------------------------------------------------------------------
-    def _checkpoint(self, gen: int) -> None:
-        self.runner.store.save_checkpoint(self.runner.run.id, gen, {
-            "strategy": self.name, "sampler": self.sampler_name, "generation": gen, **self.counts})
-
-    def run(self, state: dict[str, Any] | None = None) -> str:
-        """Ask, evaluate, tell until the budget or the space is spent. A resumed run starts over from generation 0
-        with the same seeded sampler and replays its stored generations: every proposal of those is answered from
-        the store (nothing is measured again) and told to the study exactly as the first time, so the sampler ends
-        in the state the uninterrupted run had and proposes what it would have (an exact resume, whatever the
-        sampler keeps internally). `state` (the newest checkpoint) only says how far the replay goes."""
-        r, s = self.runner, self.settings
-        study = self.study = self._new_study()
-        stored_until = max((rec.generation for rec in r.records.values()), default=-1)
-        gen = 0
-        while True:
-            reason = r.cap_reached(gen)
-            if reason:
-                break
-            want = min(self.batch_size(), s.max_evaluations - r.evaluations_before(gen))
-            trials: list[tuple[Any, tuple[int, ...]]] = []
-            echoes: list[tuple[Any, str]] = []
-            for _ in range(want):
-                got = self._ask_new(study, echoes, gen)
-                if got is None:
-                    break
-                trials.append(got)
-            if not trials:
-                reason = "space exhausted"
-                break
-            records = r.evaluate([g for _, g in trials], gen)
-            for (trial, _), rec in zip(trials, records):
-                self._tell(study, trial, rec)
-            for trial, h in echoes:
-                self._tell(study, trial, r.records.get(h))
-            if gen >= stored_until:  # replayed generations were checkpointed and published the first time
-                if not r.exhausted:
-                    self._checkpoint(gen)
-                r.publish(r.best(s.elite), gen, stats={"gen": gen, **self.counts})
-            gen += 1
-        r.publish_final(gen - 1, reason)
-        return reason
-
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "sampler": self.sampler_name, **self.counts}

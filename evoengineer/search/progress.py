@@ -38,7 +38,9 @@ class ProgressPrinter:
         if self.evaluations0 is None:
             return ""
         rate = 60.0 * (runner.evaluations - self.evaluations0) / wall
-        return f" | {rate:.0f}/min | GPU busy {min(1.0, seconds / (wall * devices)):.0%} of {devices}"
+        flight = runner.evaluator.in_flight()
+        return (f" | {rate:.0f}/min | GPU busy {min(1.0, seconds / (wall * devices)):.0%} of {devices}"
+                + (f" | {flight} in flight" if flight else ""))
 
     def _per_device(self, runner: Any) -> str:
         """At the end of a run on several measuring devices: each one's busy share (how evenly the work spread)."""
@@ -58,8 +60,7 @@ class ProgressPrinter:
         per = f"{stats['build_s'] / stats['builds']:.2f} s/candidate" if stats["builds"] else "all cached"
         if runner.space.backend != "cuda":  # CPU spaces build before measuring: the cores never wait on builds
             return f" | builds {per}"
-        ahead = f", {stats['built_ahead']} started ahead" if stats.get("built_ahead") else ""
-        return f" | builds {per}{ahead} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
+        return f" | builds {per} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
 
     def on_evaluation(self, runner: Any, rec: CandidateRecord) -> None:
         if not self.per_evaluation:

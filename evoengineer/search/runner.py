@@ -1,7 +1,7 @@
-"""The shared runner every strategy searches through: cache, budget, store, observers, elite.json.
+"""The shared runner every search goes through: the run's records, the store, observers, elite.json.
 
-A strategy hands it genomes; the runner answers repeats from the run's store at no cost, evaluates what is new
-(within the budget), commits each result the moment it is known, and publishes elites.
+The search loop (search/loop.py) commits each result through it the moment it arrives; the runner publishes the
+elites (re-timed and certified at the end of the run).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from evoengineer.store import CandidateRecord, RunInfo, Store
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, candidate_hash
-from evoengineer.errors import UserError
 from evoengineer.evaluators import retiming
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.retiming import Retiming
@@ -68,7 +67,7 @@ class SearchSettings:
 
 
 class Runner:
-    """Evaluates genomes for one run of one space. Strategies call `evaluate`, then `publish`."""
+    """One run of one space: its records, its evaluator and its store. The search loop records through it."""
 
     def __init__(self, *, space: SearchSpace, evaluator: Evaluator, store: Store, run: RunInfo,
                  settings: SearchSettings, out: str | Path, observers: Sequence[Observer] = ()):
@@ -86,12 +85,10 @@ class Runner:
         self.generation = 0
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
-        self._generation_of: dict[tuple[int, ...], int] | None = None  # genome -> its record's generation
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
         self.finish_s: dict[str, float] = {}  # the finished run's re-timing and sanitizer seconds
-        self.lease_lost = False
-        self.evaluate_calls = 0  # set by the driver's heartbeat thread when another process took the run over
+        self.lease_lost = False  # set by the driver's heartbeat thread when another process took the run over
         self._specs: dict[str, dict[str, Any]] | None = None  # timed shape specs (elite.json's shape_elites)
 
     # ---- identity -------------------------------------------------------------------------------------------------
@@ -103,24 +100,6 @@ class Runner:
             self._hash_of[key] = h
         return h
 
-    def seen_before(self, genome: Sequence[int], generation: int) -> bool:
-        """Evaluated in an earlier generation of this run (a stable fact, whatever happened since). Looked up by
-        genome: a strategy may ask this of every valid configuration (10^6 of them), whose hashes cost far more."""
-        if self._generation_of is None:
-            self._generation_of = {}
-            for r in self.records.values():
-                self._note_genome(r)
-        g = self._generation_of.get(tuple(genome))
-        return g is not None and g < generation
-
-    def _note_genome(self, rec: CandidateRecord) -> None:
-        try:
-            key = tuple(self.space.params_to_genome(rec.params))
-        except (UserError, KeyError, ValueError, TypeError):
-            return  # not a configuration of this space: no genome asks for it
-        if self.hash_of(key) == rec.hash:  # the same identity as a lookup by hash
-            self._generation_of[key] = rec.generation
-
     def request_stop(self, reason: str) -> None:
         """Ask the strategy to stop at its next check (an observer's early stop, e.g. a target time reached)."""
         self.exhausted = True
@@ -128,21 +107,6 @@ class Runner:
 
     def why_stopped(self) -> str:
         return self.stop_reason or "budget"
-
-    def cap_reached(self, generation: int | None = None) -> str | None:
-        """For the batch strategies (random, optuna): why no further batch may start, or None. With `generation`:
-        as the run stood when that generation began (a strategy replaying its stored generations after a resume
-        decides exactly as the uninterrupted run did)."""
-        if self.exhausted:
-            return self.why_stopped()
-        n = self.evaluations if generation is None else self.evaluations_before(generation)
-        if n >= self.settings.max_evaluations:
-            return "budget" if self.settings.budget is not None else "generations"
-        return None
-
-    def evaluations_before(self, generation: int) -> int:
-        """Evaluations stored by the generations before `generation`."""
-        return sum(1 for r in self.records.values() if r.generation < generation)
 
     @property
     def evaluations(self) -> int:
@@ -158,65 +122,11 @@ class Runner:
         return self.evaluations >= self.space.count_valid()
 
     # ---- evaluation -----------------------------------------------------------------------------------------------
-    def evaluate(self, genomes: Iterable[Sequence[int]], generation: int) -> list[CandidateRecord | None]:
-        """Records for `genomes`, in order. None where the budget ran out before that genome was reached."""
-        genomes = [tuple(g) for g in genomes]
-        self.generation = generation
-        self.evaluate_calls += 1
-        new: list[tuple[int, ...]] = []
-        queued: set[str] = set()
-        for g in genomes:
-            h = self.hash_of(g)
-            if h in self.records or h in queued:
-                continue
-            if len(new) >= self.budget_left:
-                self.exhausted = True
-                break
-            new.append(g)
-            queued.add(h)
-        if new:
-            candidates = []
-            for g in new:
-                try:
-                    candidates.append(self.factory.from_genome(g))
-                except UserError as exc:  # the template fails for this genome only: a failed candidate, not a crash
-                    self._record(CandidateRecord(hash=self.hash_of(g), params=self.space.genome_to_params(g),
-                                                 status="compile_error", reason=f"render: {exc}",
-                                                 generation=generation))
-            for cand, m in self.evaluator.evaluate_many(candidates):
-                self._record(CandidateRecord(hash=cand.hash, params=cand.params, status=m.status, reason=m.reason,
-                                             metrics=dict(m.metrics), generation=generation, source=cand.source))
-        # the budget as of this generation (all of the run in a fresh run; a replayed one counts only its past)
-        if self.settings.budget is not None and self.evaluations_before(generation + 1) >= self.settings.budget:
-            self.exhausted = True
-        return [self.records.get(self.hash_of(g)) for g in genomes]
-
-    def wants_prefetch(self, certain: bool = False) -> bool:
-        return self.evaluator.wants_prefetch(certain)
-
-    def prefetch(self, genomes: Iterable[Sequence[int]], *, certain: bool = False) -> None:
-        """Tell the evaluator what will (`certain`) or may be evaluated next: a cluster builds it, and measures a
-        certain next batch on GPUs the current one leaves idle. Nothing is recorded until `evaluate` asks for it;
-        stored or unrenderable genomes are left out."""
-        if not self.evaluator.wants_prefetch(certain):
-            return
-        candidates = []
-        for g in genomes:
-            if self.hash_of(g) in self.records:
-                continue
-            try:
-                candidates.append(self.factory.from_genome(tuple(g)))
-            except UserError:
-                continue
-        self.evaluator.prefetch(candidates, certain=certain)
-
     def _record(self, rec: CandidateRecord) -> None:
         """Commit one result now, keep it (without its source) for lookups, tell the observers."""
         self.store.record_candidate(self.run.id, rec)
         rec.source = ""  # kept in the store only
         self.records[rec.hash] = rec
-        if self._generation_of is not None:
-            self._note_genome(rec)
         for o in self.observers:
             o.on_evaluation(self, rec)
         if self.stop_requested:  # a Ctrl-C whose KeyboardInterrupt was swallowed (e.g. inside a GC callback)

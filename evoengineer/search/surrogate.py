@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from evoengineer.search.runner import Runner
+from evoengineer.search.strategy import Genome, Strategy
 
 @dataclass(frozen=True)
 class SurrogateParams:
@@ -98,17 +99,21 @@ class GenomeEncoder:
         return out
 
 
-class SurrogateSearch:
+class SurrogateSearch(Strategy):
+    """Proposes from batches made by the model of what was told (a batch's picks are handed out one by one, each
+    skipped if it was told or proposed meanwhile); the next batch is made when the last is used up."""
+
     name = "surrogate"
 
     def __init__(self, runner: Runner, params: SurrogateParams | None = None):
-        self.runner = runner
+        super().__init__(runner)
         self.params = params or SurrogateParams()
-        self.space = runner.space
+        self.batches = 0  # batches made (each one's RNG is its own)
+        self._queue: list[tuple[int, ...]] = []
+        self._order: list[tuple[int, ...]] = []  # told genomes in arrival order, for the stall count
         self.encode = GenomeEncoder(self.space)
         self._valid: np.ndarray | None = None
         self._weights = self._codes = np.zeros(0, dtype=np.int64)
-        self._genome_of: dict[str, tuple[int, ...] | None] = {}  # record hash -> its genome
 
     # ---- the valid set ---------------------------------------------------------------------------------------
     def valid(self) -> np.ndarray:
@@ -129,28 +134,32 @@ class SurrogateSearch:
         return np.where(self._codes[pos] == codes, pos, -1)
 
     # ---- proposals -------------------------------------------------------------------------------------------
-    def history(self, generation: int) -> list[tuple[tuple[int, ...], bool, float]]:
-        """(genome, correct, p50) of every evaluation of the generations before `generation`, in genome order (the
-        model sees the same data however the records were loaded)."""
-        out = []
-        for r in self.runner.records.values():
-            if r.generation >= generation:
-                continue
-            if r.hash not in self._genome_of:  # parsed (and checked) once per record, not every generation
-                try:
-                    self._genome_of[r.hash] = tuple(self.space.params_to_genome(r.params))
-                except Exception:
-                    self._genome_of[r.hash] = None  # not a configuration of this space
-            g = self._genome_of[r.hash]
-            if g is not None:
-                out.append((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan))
-        return sorted(out)
+    def history(self) -> list[tuple[tuple[int, ...], bool, float]]:
+        """(genome, correct, p50) of every result told, in genome order (the model sees the same data whatever
+        order the results arrived in)."""
+        return sorted((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan) for g, r in self.told.items())
 
-    def propose(self, generation: int, n: int) -> list[tuple[int, ...]]:
-        """Up to `n` unseen valid configurations for `generation`."""
-        rng = random.Random(f"surrogate:{self.runner.settings.seed}:{generation}")
-        seen_rows = self.history(generation)
-        seen = {g for g, _, _ in seen_rows}
+    def observe(self, genome: Genome, record: Any) -> None:
+        self._order.append(genome)
+
+    def propose(self) -> Genome | None:
+        while True:
+            while self._queue:
+                g = self._queue.pop(0)
+                if not self.seen(g):
+                    return g
+            P, s = self.params, self.settings
+            n = max(1, s.population) if self.batches == 0 or P.batch <= 0 else P.batch
+            self._queue = self.batch(self.batches, n)
+            self.batches += 1
+            if not self._queue:
+                return None
+
+    def batch(self, generation: int, n: int) -> list[tuple[int, ...]]:
+        """Up to `n` valid configurations neither told nor pending: batch number `generation`."""
+        rng = random.Random(f"surrogate:{self.settings.seed}:{generation}")
+        seen_rows = self.history()
+        seen = {g for g, _, _ in seen_rows} | set(self.pending)
         ok = [(g, t) for g, good, t in seen_rows if good and t > 0 and math.isfinite(t)]
         valid = self.valid()
         total = len(valid)
@@ -183,7 +192,7 @@ class SurrogateSearch:
         chosen: list[int] = []
         taken = np.zeros(len(pool), dtype=bool)
         stalled = self._stalled_for(generation) if n > 1 or P.batch else 0
-        pop = max(1, self.runner.settings.population)
+        pop = max(1, self.settings.population)
         if P.batch <= 0:  # population-sized batches
             explore = math.ceil(n / P.explore) if n > 1 and P.explore > 0 else 0
             if P.stall > 0 and stalled >= P.stall:
@@ -215,16 +224,15 @@ class SurrogateSearch:
         return picks
 
     def _stalled_for(self, generation: int) -> int:
-        """Evaluations (before `generation`) since the best time so far was first reached, in population-sized
-        generations (with batches of the population: the generations since)."""
-        best, when = math.inf, 0
-        for r in self.runner.records.values():
-            if r.generation < generation and r.status == "ok" and (r.time_us, r.generation) < (best, when):
-                best, when = r.time_us, r.generation
+        """Results told since the best time so far was first reached, in populations."""
+        best, when = math.inf, -1
+        for i, g in enumerate(self._order):
+            t = self.told[g].time_us
+            if t < best:
+                best, when = t, i
         if not math.isfinite(best):
             return 0
-        since = sum(1 for r in self.runner.records.values() if when < r.generation < generation)
-        return since // max(1, self.runner.settings.population)
+        return (len(self._order) - 1 - when) // max(1, self.settings.population)
 
     def _far_unseen(self, rng: random.Random, seen: set[tuple[int, ...]], picked: list[tuple[int, ...]],
                     n: int) -> list[tuple[int, ...]]:
@@ -336,28 +344,3 @@ class SurrogateSearch:
                 taken.add(g)
                 out.append(g)
         return out
-
-    # ---- the loop --------------------------------------------------------------------------------------------
-    def run(self, state: dict[str, Any] | None = None) -> str:
-        r, s = self.runner, self.runner.settings
-        gen = int(state["generation"]) + 1 if state else 0
-        reason = "space exhausted"
-        while True:
-            before = r.evaluations_before(gen)  # as the run stood when this generation began (exact resume)
-            stop = r.cap_reached(gen)
-            if stop:
-                reason = stop
-                break
-            batch = max(1, s.population) if gen == 0 or self.params.batch <= 0 else self.params.batch
-            take = self.propose(gen, min(batch, s.max_evaluations - before))
-            if not take:
-                break
-            r.evaluate(take, gen)
-            if not r.exhausted:
-                r.store.save_checkpoint(r.run.id, gen, {"strategy": self.name, "generation": gen})
-            r.publish(r.best(s.elite), gen, stats={"gen": gen})
-            gen += 1
-        if r.exhausted:
-            reason = r.why_stopped()
-        r.publish_final(gen - 1, reason)
-        return reason

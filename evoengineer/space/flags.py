@@ -19,7 +19,7 @@ ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _WORD = r"[A-Za-z0-9][A-Za-z0-9_.+=-]*"  # an option word: -f<WORD>, -m<WORD>, -W<WORD>
 _PATH = rf"[{SAFE_CHARS}]+"
-_ITEM = rf"[A-Za-z0-9_.+=:/-]+"  # one comma-separated item of -Wl,... / -Xptxas=...
+_ITEM = r"[A-Za-z0-9_.+=:/-]+"  # one comma-separated item of -Wl,... / -Xptxas=...
 
 _SHAPES: list[tuple[str, str]] = [
     (rf"-D{_NAME}(=[{SAFE_CHARS}]*)?", "-DNAME[=VALUE]"),

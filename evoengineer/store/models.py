@@ -78,6 +78,19 @@ class Checkpoint(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class Proposal(Base):
+    """What an asynchronous search proposed, in order, and how many results it had been told by then: with the
+    candidates' arrival order (CandidateRow.seq) the whole history its proposals depend on, so a resumed run
+    proposes again exactly what it proposed before (search/loop.py)."""
+
+    __tablename__ = "proposals"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(64))
+    told: Mapped[int] = mapped_column(Integer)  # results told to the strategy before this proposal
+    known: Mapped[int] = mapped_column(Integer, default=0)  # 1: answered from the store at once (measured before)
+
+
 class Lease(Base):
     """Who drives a run now: one row per run being searched or resumed (evoengineer.store.store: acquire_lease)."""
 

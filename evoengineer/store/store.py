@@ -22,7 +22,8 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
 from sqlalchemy.orm import sessionmaker
 
 from evoengineer.liveness import STALE_AFTER_S, holder_alive
-from evoengineer.store.models import Base, CandidateRow, Checkpoint, Elite, Lease, Run, SchemaInfo, utcnow
+from evoengineer.store.models import (Base, CandidateRow, Checkpoint, Elite, Lease, Proposal, Run, SchemaInfo,
+                                      utcnow)
 
 SCHEMA_VERSION = "1"
 DEFAULT_URL = "sqlite:///elite_store/evoengineer.db"
@@ -153,6 +154,9 @@ class Store:
             raise StoreError(f"--db {url!r}: not an EvoEngineer store (no schema_info)")
         if row.value != SCHEMA_VERSION:
             raise StoreError(f"--db {url!r}: store schema {row.value}, this version reads {SCHEMA_VERSION}")
+        if Proposal.__tablename__ not in set(inspect(self.engine).get_table_names()):
+            # a store made before asynchronous searches: the one table it lacks, added (nothing else changes)
+            Base.metadata.create_all(self.engine, tables=[Proposal.__table__])
 
     def _create_schema(self, url: str) -> None:
         """Create the tables (and the version row) unless there; two processes creating one store at once both
@@ -373,6 +377,25 @@ class Store:
             rows = s.execute(select(CandidateRow).join(Elite, Elite.candidate_id == CandidateRow.id)
                              .where(Elite.run_id == run_id).order_by(Elite.rank)).scalars()
             return [_cand_record(c) for c in rows]
+
+    # ---- the proposal log of an asynchronous search ------------------------------------------------------------------
+    def record_proposal(self, run_id: int, seq: int, hash_: str, *, told: int, known: bool) -> None:
+        """Commit one proposal (before its candidate is submitted)."""
+        with self.engine.begin() as conn:
+            conn.execute(insert(Proposal), [{"run_id": run_id, "seq": seq, "hash": hash_, "told": told,
+                                              "known": int(known)}])
+
+    def proposals(self, run_id: int) -> list[tuple[str, int, bool]]:
+        """The run's proposals in order: (hash, results told before it, answered from the store at once)."""
+        with self._session() as s:
+            rows = s.execute(select(Proposal.hash, Proposal.told, Proposal.known).where(Proposal.run_id == run_id)
+                             .order_by(Proposal.seq))
+            return [(h, int(t), bool(k)) for h, t, k in rows]
+
+    def clear_proposals(self, run_id: int) -> None:
+        """Forget the run's proposals (a resume from scratch proposes anew; what was measured stays)."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(Proposal).where(Proposal.run_id == run_id))
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, run_id: int, generation: int, state: dict[str, Any]) -> None:

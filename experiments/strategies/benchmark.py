@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from evoengineer.store import Store  # noqa: E402
-from evoengineer.evaluators.replay import ReplayEvaluator  # noqa: E402
+from evoengineer.evaluators.replay import BuildTimeModel, ReplayEvaluator  # noqa: E402
 from evoengineer.report.convergence import best_so_far  # noqa: E402
 from evoengineer.search import STRATEGIES, Runner, SearchSettings  # noqa: E402
 from evoengineer.search.ga import GAParams, GeneticSearch  # noqa: E402
@@ -84,7 +84,7 @@ def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     """All seeds of one landscape x strategy, sequentially, into one database. Returns per-run results."""
     space_file, csv_path = (ROOT / p for p in job.get("paths") or LANDSCAPES[job["landscape"]])
     space = load_space(space_file)
-    evaluator = ReplayEvaluator(csv_path, space)
+    evaluator = ReplayEvaluator(csv_path, space, builds=pipeline_model(job.get("pipeline")))
     n_valid = space.count_valid()
     opt = optimum_of(evaluator)
     strategy, sampler = split_strategy(job["strategy"])
@@ -126,6 +126,19 @@ def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
                     **run_metrics(times, opt, n_valid), **({"times": times} if job.get("keep_times") else {})})
     store.close()
     return out
+
+
+def pipeline_model(text: str | None) -> BuildTimeModel | None:
+    """--pipeline SLOTSxBUILD_S:MEASURE_S (e.g. 16x3.1:0.25): results arrive as from a host with SLOTS build slots,
+    builds of BUILD_S seconds ("recorded": the landscape's build_s) and one device measuring MEASURE_S per candidate,
+    in simulated time; the search keeps SLOTS + 2 candidates in flight. None: one candidate at a time."""
+    if not text:
+        return None
+    slots, _, rest = text.partition("x")
+    build, _, measure = rest.partition(":")
+    recorded = build == "recorded"
+    return BuildTimeModel(int(slots), 3.1 if recorded else float(build), recorded=recorded, virtual=True,
+                          measure_s=float(measure or 0.25))
 
 
 def run_metrics(times: list[float], opt: float, n_valid: int) -> dict[str, Any]:
@@ -329,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--surrogate", help="surrogate settings under test: trees=N,explore=N,draw_trees=N,...")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1 (tuning: other seeds)")
     ap.add_argument("--cap", type=float, default=1.0, help="most evaluations per run, as a fraction of the space")
+    ap.add_argument("--pipeline", help="SLOTSxBUILD_S:MEASURE_S: results arrive as from such a host (simulated "
+                    "time), SLOTS + 2 candidates in flight; default: one at a time")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--work", default="/tmp/evo-strategy-bench", help="databases of the runs")
     ap.add_argument("--out", default=str(RESULTS), help="where the table, JSON and PNG go")
@@ -353,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs.append({"landscape": land, "strategy": s, "work": str(work),
                          "seeds": list(range(a.first_seed, a.first_seed + a.seeds)),
                          "surrogate": parse_surrogate(a.surrogate),
-                         "tag": tag, "cap": a.cap, "population": pop if s == "ga" else (a.population or pop),
+                         "tag": tag, "cap": a.cap, "pipeline": a.pipeline, "population": pop if s == "ga" else (a.population or pop),
                          "ga": {k: v for k, v in ga.items() if k != "population"}})
     t0 = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(max(1, a.jobs)) as pool:

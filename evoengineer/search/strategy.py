@@ -1,0 +1,75 @@
+"""The contract every strategy keeps: `propose` the next configuration, be `tell`-ed each result as it arrives,
+describe itself in `state`. No generation barrier: the search loop (search/loop.py) keeps several candidates in
+flight and asks for one more whenever a result comes back, so a strategy proposes from everything measured so far
+while other proposals are still pending.
+
+Determinism: a strategy draws only from its own seeded RNG and decides only from what it was told and what it
+proposed, in order. The loop logs that order (the store's proposal log and the candidates' arrival order) and a
+resumed run replays it, so it proposes exactly what it proposed before. A strategy never reads the store.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from evoengineer.search.runner import Runner
+    from evoengineer.store import CandidateRecord
+
+Genome = tuple[int, ...]
+
+
+class Strategy:
+    """Base of the strategies: bookkeeping of what was proposed (pending) and told (results, in arrival order)."""
+
+    name = "abstract"
+
+    def __init__(self, runner: "Runner"):
+        self.runner = runner  # for the space, the settings and hashing; never the store
+        self.space = runner.space
+        self.settings = runner.settings
+        self.told: dict[Genome, "CandidateRecord"] = {}  # in the order the results arrived
+        self.pending: set[Genome] = set()
+        self.proposed = 0
+
+    # ---- the contract -------------------------------------------------------------------------------------------
+    def propose(self) -> Genome | None:
+        """The next configuration to evaluate (valid, neither told nor pending), or None when there is none left."""
+        raise NotImplementedError
+
+    def observe(self, genome: Genome, record: "CandidateRecord") -> None:
+        """A result arrived (hook for subclasses; `told` already holds it)."""
+
+    def state(self) -> dict[str, Any]:
+        """A JSON summary for people (elite.json's progress, reports): not what a resume needs."""
+        ok = [r.time_us for r in self.told.values() if math.isfinite(r.time_us)]
+        return {"strategy": self.name, "proposed": self.proposed, "told": len(self.told), "pending": len(self.pending),
+                "best_us": min(ok) if ok else None}
+
+    # ---- used by the loop ---------------------------------------------------------------------------------------
+    def ask(self) -> Genome | None:
+        g = self.propose()
+        if g is not None:
+            g = tuple(g)
+            self.pending.add(g)
+            self.proposed += 1
+        return g
+
+    def tell(self, genome: Genome, record: "CandidateRecord") -> None:
+        genome = tuple(genome)
+        self.pending.discard(genome)
+        self.told[genome] = record
+        self.observe(genome, record)
+
+    def seen(self, genome: Genome) -> bool:
+        """Told or pending: proposing it again would evaluate nothing new."""
+        g = tuple(genome)
+        return g in self.told or g in self.pending
+
+    def run(self, state: dict[str, Any] | None = None) -> str:
+        """Search through the runner until the budget, the space or the strategy runs out; why it stopped.
+        (`state` is not used: a resume replays the run's proposal log.)"""
+        from evoengineer.search.loop import SearchLoop
+
+        return SearchLoop(self.runner, self).run()
