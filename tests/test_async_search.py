@@ -64,9 +64,9 @@ def _count(db: Path) -> int:
         return 0
 
 
-def _replays_exactly(work: Path, strategy: str) -> None:
+def _replays_exactly(work: Path, strategy: str, db: str = "s.db") -> None:
     """A fresh strategy fed the run's whole history proposes exactly what the log says it proposed."""
-    store = Store(f"sqlite:///{work / 's.db'}")
+    store = Store(f"sqlite:///{work / db}")
     (run,) = store.runs()
     space = load_space(work / "toy_space.toml")
     cfg = run.config

@@ -10,11 +10,11 @@ of its host. The measuring task then finds the build in the cache; on a host who
 (another host) the cache key (toolchain fingerprint included) misses and it is built there, so a module is only ever
 measured on a host whose toolchain built it.
 
-Flow. The search process stays the only writer of the store: it submits build tasks for a batch at once, measuring
-tasks as GPU workers free up (never more in flight than GPU workers alive, so a worker holds no queued candidate
-that its death would wrongly implicate), and hands each result on the moment it arrives (``as_completed``). The
-next batch's builds may start while this one is measured, and a next batch that is certain (random, grid) is
-measured on GPU workers this one leaves idle, its results held until that batch asks for them (`prefetch`). A Dask
+Flow. The search process stays the only writer of the store. Asynchronously (`submit` / `poll`): a candidate's build
+task is submitted the moment the search proposes it, its measuring task as soon as it is built and a GPU worker is
+free (never more measuring tasks in flight than GPU workers alive, so a worker holds no queued candidate that its
+death would wrongly implicate), and each result is handed on the moment it arrives; a thread of the search process
+reacts to the finished tasks (``as_completed``). CPU spaces take turns: no build runs beside a measurement. A Dask
 worker killed mid-candidate has its task re-run elsewhere by the scheduler; a candidate whose task was running on
 two workers that died is a poison pill (the scheduler's ``allowed-failures`` = 1, set on an external scheduler too)
 and is recorded as `runtime_error`. A lost scheduler raises ClusterLost: the driver stops the run, resumable.
@@ -59,7 +59,6 @@ DASK_CONFIG = {"distributed.worker.daemon": False, "distributed.scheduler.allowe
                "distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.gil.enabled": False}
 #: how long a new search waits for the first GPU worker of an external scheduler
 WAIT_FOR_WORKERS_S = float(os.environ.get("EVOENGINEER_CLUSTER_WAIT_S", "60"))
-PRIORITY_NOW, PRIORITY_SPECULATIVE = 10, 0
 
 
 class ClusterLost(Exception):
@@ -400,9 +399,7 @@ class ClusterEvaluator(Evaluator):
         # CPU kernels are timed on the cores the compilers use: no builds beside measurements (as LocalEvaluator)
         self.overlap = space.backend != "cpu"
         self._cluster = None
-        self._prefetched: dict[str, Any] = {}  # hash -> build future of the latest prefetch hint
-        self._ahead: dict[str, Any] = {}  # hash -> measuring future started ahead of the batch asking for it
-        self._lookahead: deque[Candidate] = deque()  # the certain next batch, not yet measured ahead
+        self._init_flight()
         extras = dict(extras or {})
         if address == "local":
             real = self.builds and space.backend == "cuda"
@@ -518,144 +515,144 @@ class ClusterEvaluator(Evaluator):
             why = f"{ALLOWED_FAILURES + 1} cluster workers died certifying the elites (last {_worker_of(exc)})"
             return {c.hash: {"status": "unknown", "reason": why} for c in candidates}
 
-    def evaluate(self, candidate: Candidate) -> Measurement:
-        return next(iter(self.evaluate_many([candidate])))[1]
+    # ---- asynchronous evaluation ---------------------------------------------------------------------------------
+    def _init_flight(self) -> None:
+        from evoengineer.evaluators.asynchronous import Results
+
+        self.results = Results()
+        self._lock = threading.RLock()
+        self._builds: dict[Any, Candidate] = {}  # build task -> candidate
+        self._measures: dict[Any, Candidate] = {}  # measuring task -> candidate
+        self._ready: deque[tuple[Candidate, dict[str, Any] | None]] = deque()  # built, waiting for a GPU worker
+        self._unbuilt: deque[Candidate] = deque()  # CPU spaces: builds waiting for the measurements to end
+        self._ac: Any = None
+        self._wake = threading.Event()
+        self._reactor: threading.Thread | None = None
+        self._closed = False
 
     def concurrency(self) -> int:
-        """Two candidates per GPU worker (one measuring, one built and waiting), and a build for every build slot:
-        handed on batch by batch (Evaluator.submit's feeder), each batch spread over the workers."""
+        """Two candidates per GPU worker (one measuring, one built and waiting) and a build for every build slot."""
         self._refresh_slots()
         return 2 * max(1, self.slots) + (self._build_slots() if self.builds else 0)
 
-    def wants_prefetch(self, certain: bool) -> bool:
-        return certain or (self.builds and self.overlap)
-
-    def prefetch(self, candidates: Sequence[Candidate], *, certain: bool = False) -> None:
-        """Start building these at low priority (the current batch's builds go first; CPU spaces: never beside a
-        measurement) and drop the previous hint's builds that have not started: built modules land in the build
-        cache whatever happens next. `certain` (the next batch of random or grid): they may also be measured on GPU
-        workers the current batch leaves idle; those results wait here until `evaluate_many` asks for them."""
-        wanted = {c.hash: c for c in candidates}
-        if self.builds and self.overlap:
-            for h in [h for h in self._prefetched if h not in wanted]:
-                self._prefetched.pop(h).cancel()
-            for h, c in wanted.items():
-                if h not in self._prefetched:
-                    self._prefetched[h] = self._submit_build(c, PRIORITY_SPECULATIVE)
-        self._lookahead = deque(c for c in wanted.values() if c.hash not in self._ahead) if certain else deque()
-
-    def _submit_build(self, c: Candidate, priority: int) -> Any:
-        return self.client.submit(build_task, self.spec, c, resources={BUILD: 1}, pure=False, priority=priority)
-
-    def _submit_measure(self, c: Candidate, build: dict[str, Any] | None) -> Any:
-        return self.client.submit(measure_task, self.spec, c, build, resources={GPU: 1}, pure=False)
-
-    def _next_ahead(self) -> tuple[Candidate, dict[str, Any] | None] | None:
-        """The next candidate of a certain hint that can be measured ahead now (its build done), or None."""
-        while self._lookahead:
-            c = self._lookahead[0]
-            b = None
-            if self.builds:
-                f = self._prefetched.get(c.hash)
-                if f is None or not f.done():
-                    return None  # its build first (kept in order: the hint's order is the batch's)
-                b = self._build_result(f)
-                if b is not None and b["status"] != "ok":
-                    self._lookahead.popleft()  # nothing to measure: the batch records the build's verdict
-                    continue
-            self._lookahead.popleft()
-            return c, b
-        return None
-
-    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
-        """Builds of the whole batch at once; a measuring task per candidate as GPU workers free up; each result
-        handed on as it arrives (the order depends on the workers; what is recorded does not). A candidate already
-        measured ahead (prefetch, certain) is answered by that measurement. GPU workers the batch leaves idle start
-        on the next batch, if it is known."""
+    def submit(self, candidate: Candidate) -> None:
         from distributed import as_completed
 
-        cands = list(candidates)
-        builds: dict[Any, Candidate] = {}
-        measures: dict[Any, Candidate] = {}
-        ready: deque[tuple[Candidate, dict[str, Any] | None]] = deque()
-        ac = as_completed()
-        for c in cands:
-            ahead = self._ahead.pop(c.hash, None)
-            if ahead is not None:  # measured (or being measured) ahead: that measurement answers it
-                self._prefetched.pop(c.hash, None)
-                measures[ahead] = c
-                ac.add(ahead)
-            elif self.builds:
-                f = self._prefetched.pop(c.hash, None) or self._submit_build(c, PRIORITY_NOW)
-                builds[f] = c
-                ac.add(f)
+        self.results.add(candidate)
+        with self._lock:
+            if self._ac is None:
+                self._ac = as_completed()
+            if not self.builds:
+                self._ready.append((candidate, None))
+            elif self.overlap or not (self._measures or self._ready):
+                self._start_build(candidate)
             else:
-                ready.append((c, None))
-        wanted_next = {c.hash for c in self._lookahead}
-        for h in [h for h in self._ahead if h not in wanted_next]:  # measured ahead for a batch that never came
-            self._ahead.pop(h).cancel()
-        for f in self._ahead.values():
-            ac.add(f)  # their completions free GPU workers for this batch
-        held: list[tuple[Candidate, dict[str, Any] | None]] = []  # CPU spaces: measured once every build is done
+                self._unbuilt.append(candidate)  # CPU: built once the measurements running now are done
+            self._fill()
+        if self._reactor is None:
+            self._reactor = threading.Thread(target=self._react_loop, name="evo-cluster", daemon=True)
+            self._reactor.start()
+        self._wake.set()
 
-        def fill() -> None:
-            # never more measuring tasks than GPU workers alive: a queued task would share the fate of a worker
-            # killed by the candidate running there (the scheduler counts every task it had handed that worker)
-            if not ready and not self._lookahead:
-                return
-            self._refresh_slots()
-            busy = len(measures) + sum(1 for f in self._ahead.values() if not f.done())
-            while ready and busy < max(1, self.slots):
-                c, b = ready.popleft()
-                f = self._submit_measure(c, b)
-                measures[f] = c
-                ac.add(f)
-                busy += 1
-            # what this batch leaves idle measures the next one (never ahead of this batch's own builds on a CPU)
-            while not ready and (self.overlap or not builds) and busy < self.slots:
-                nxt = self._next_ahead()
-                if nxt is None:
-                    break
-                f = self._submit_measure(*nxt)
-                self._ahead[nxt[0].hash] = f
-                ac.add(f)
-                busy += 1
+    def poll(self, timeout: float | None = None) -> list[tuple[Candidate, Measurement]]:
+        return self.results.poll(timeout)
 
+    def in_flight(self) -> int:
+        return self.results.in_flight()
+
+    def cancel(self) -> list[Candidate]:
+        with self._lock:
+            futures = [*self._builds, *self._measures]
+            self._builds.clear()
+            self._measures.clear()
+            self._ready.clear()
+            self._unbuilt.clear()
+        if futures:
+            try:
+                self.client.cancel(futures)
+            except Exception:  # a lost scheduler: nothing runs for us any more
+                pass
+        return self.results.drop()
+
+    def evaluate(self, candidate: Candidate) -> Measurement:
+        return next(iter(self.evaluate_many([candidate])))[1]
+
+    def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
+        """Submit them all; hand each result on as it arrives."""
+        todo = {c.hash: c for c in candidates}
+        for c in todo.values():
+            self.submit(c)
+        left = set(todo)
         try:
-            fill()
-            if not (builds or measures or ready or held):
-                return
-            for done in ac.batches():  # every task finished since the last look: one reaction to a burst
-                failed: list[tuple[Candidate, Measurement]] = []
-                finished: list[tuple[Any, Candidate]] = []
-                for fut in done:
-                    if fut in builds:
-                        c = builds.pop(fut)
-                        b = self._build_result(fut)
-                        if b is not None and b["status"] != "ok":
-                            failed.append((c, Measurement(b["status"], b["reason"], {
-                                **b.get("metrics", {}), "build_s": b.get("build_s", 0.0),
-                                "build_cached": b.get("cached", False)})))
-                        else:
-                            (ready if self.overlap else held).append((c, b))
-                    elif fut in measures:
-                        finished.append((fut, measures.pop(fut)))
-                    # else: a measurement ahead finished; it waits in self._ahead for the next batch
-                if not self.overlap and not builds:
-                    ready.extend(held)
-                    held.clear()
-                fill()  # the next candidates start before these results are fetched and recorded
-                yield from failed
-                yield from zip((c for _, c in finished), self._measure_results([f for f, _ in finished]))
-                if not (builds or measures or ready or held):
-                    break  # this batch is done (measurements ahead go on)
+            while left:
+                for c, m in self.poll(None):
+                    if c.hash in left:
+                        left.discard(c.hash)
+                        yield c, m
         finally:
-            if builds or measures:  # interrupted (Ctrl-C, a lost lease): nothing of this batch keeps running
-                try:
-                    self.client.cancel([*builds, *measures, *self._ahead.values()])
-                except Exception:  # a lost scheduler: nothing runs for us any more
-                    pass
-                self._ahead.clear()
+            if left:  # interrupted (Ctrl-C, a lost lease): nothing of these keeps running
+                self.cancel()
+
+    def _start_build(self, c: Candidate) -> None:
+        f = self.client.submit(build_task, self.spec, c, resources={BUILD: 1}, pure=False)
+        self._builds[f] = c
+        self._ac.add(f)
+
+    def _fill(self) -> None:
+        """Measuring tasks for built candidates while GPU workers are free (CPU spaces: once no build runs), and the
+        builds held back for the measurements once none runs."""
+        if self._ready and (self.overlap or not self._builds):
+            self._refresh_slots()
+            while self._ready and len(self._measures) < max(1, self.slots):
+                c, b = self._ready.popleft()
+                f = self.client.submit(measure_task, self.spec, c, b, resources={GPU: 1}, pure=False)
+                self._measures[f] = c
+                self._ac.add(f)
+        if self._unbuilt and not self._measures and not self._ready:
+            while self._unbuilt:
+                self._start_build(self._unbuilt.popleft())
+
+    def _react_loop(self) -> None:
+        """The search process's thread for finished tasks: a build done makes its candidate ready (or a failed
+        result), a measurement done is fetched and handed on; after each burst the next tasks start."""
+        while not self._closed:
+            ac = self._ac
+            if ac is None or ac.is_empty():
+                self._wake.wait(0.2)
+                self._wake.clear()
+                continue
+            try:
+                for done in ac.batches():
+                    self._react(done)
+                    if self._closed:
+                        return
+            except BaseException as exc:  # noqa: BLE001 - a lost cluster: the search's thread raises it
+                if not self._closed:
+                    self.results.fail(exc)
+                return
+
+    def _react(self, done: list[Any]) -> None:
+        failed: list[tuple[Candidate, Measurement]] = []
+        finished: list[tuple[Any, Candidate]] = []
+        with self._lock:
+            for fut in done:
+                if fut in self._builds:
+                    c = self._builds.pop(fut)
+                    b = self._build_result(fut)
+                    if b is not None and b["status"] != "ok":
+                        failed.append((c, Measurement(b["status"], b["reason"], {
+                            **b.get("metrics", {}), "build_s": b.get("build_s", 0.0),
+                            "build_cached": b.get("cached", False)})))
+                    else:
+                        self._ready.append((c, b))
+                elif fut in self._measures:
+                    finished.append((fut, self._measures.pop(fut)))
+                # else: a task of a cancelled candidate
+            self._fill()  # the next candidates start before these results are fetched and handed on
+        for c, m in failed:
+            self.results.put(c, m)
+        for (_, c), m in zip(finished, self._measure_results([f for f, _ in finished])):
+            self.results.put(c, m)
 
     def _on_event(self, event: Any) -> None:
         """Scheduler events (client's loop thread): a worker came or went, count the GPU workers again."""
@@ -728,10 +725,9 @@ class ClusterEvaluator(Evaluator):
         return out
 
     def close(self) -> None:
-        for f in [*self._prefetched.values(), *self._ahead.values()]:
-            f.cancel()
-        self._prefetched.clear()
-        self._ahead.clear()
+        self._closed = True
+        self.cancel()
+        self._wake.set()
         try:
             self.client.close(timeout=10)
         except Exception:  # a lost scheduler: nothing left to close

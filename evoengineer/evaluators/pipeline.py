@@ -11,9 +11,12 @@ lets the builds go on: builds and measurements take turns instead of sharing the
 
 from __future__ import annotations
 
+import math
 import queue
+import statistics
 import threading
 import time
+from collections import deque
 from abc import abstractmethod
 from concurrent.futures import Future
 from typing import Any, Iterable, Iterator, Protocol
@@ -52,6 +55,8 @@ class BuildAheadEvaluator(Evaluator):
         self._epoch = 0  # bumped by cancel: builds of cancelled candidates are not measured
         self._measurer: threading.Thread | None = None
         self._started = False
+        self._build_times: deque[float] = deque(maxlen=32)  # recent builds (not cached), seconds
+        self._measure_times: deque[float] = deque(maxlen=32)  # recent measurements, seconds of the device
 
     @abstractmethod
     def measure(self, candidate: Candidate, build: Any) -> Measurement:
@@ -66,8 +71,15 @@ class BuildAheadEvaluator(Evaluator):
 
     # ---- asynchronous interface ----------------------------------------------------------------------------------
     def concurrency(self) -> int:
-        # every build slot busy, one candidate measuring and one built waiting for it
-        return self.builder.slots + 2
+        """Enough in flight that a built candidate always waits for the device, and no more (a candidate proposed
+        later is proposed from more results): builds that take B seconds against measurements of M need about B / M
+        building; at most every build slot busy, plus one measuring and one built waiting. Before a few builds
+        and measurements have been seen: every slot."""
+        most = self.builder.slots + 2
+        if len(self._build_times) < 4 or len(self._measure_times) < 4:
+            return most
+        b, m = statistics.median(self._build_times), statistics.median(self._measure_times)
+        return min(most, math.ceil(b / max(m, 1e-3)) + 2)
 
     def submit(self, candidate: Candidate) -> None:
         if not self._started:
@@ -141,11 +153,14 @@ class BuildAheadEvaluator(Evaluator):
             if not build.cached:
                 self.build_s += build.build_s
                 self.builds += 1
+                self._build_times.append(build.build_s)
             if build.status != "ok":
                 m = Measurement(build.status, build.reason,
                                 {**build.metrics, "build_s": build.build_s, "build_cached": build.cached})
             else:
+                t0 = time.perf_counter()
                 m = self.measure(c, build)
+                self._measure_times.append(time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - the evaluation itself failed: the search raises it
             self.results.fail(exc)
             return

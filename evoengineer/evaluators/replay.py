@@ -271,8 +271,11 @@ class ReplayEvaluator(BuildAheadEvaluator):
     # without a build-time model: one candidate at a time, answered at once (Evaluator's defaults); in simulated
     # time: the VirtualPipeline; with timers: the build-and-measure pipeline
     def concurrency(self) -> int:
-        if self.virtual is not None:
-            return self.virtual.model.slots + 2
+        if self.virtual is not None:  # as the pipeline would settle: enough building to keep the device busy
+            model = self.virtual.model
+            if model.measure_s <= 0:
+                return model.slots + 2
+            return min(model.slots + 2, math.ceil(model.seconds * model.scale / model.measure_s) + 2)
         return super().concurrency() if self.builder is not None else 1
 
     def submit(self, candidate: Candidate) -> None:
@@ -288,7 +291,7 @@ class ReplayEvaluator(BuildAheadEvaluator):
             out = self.virtual.poll()
             self.busy_s = self.virtual.busy_s
             for c, _ in out:
-                self._log(c, _)
+                self._append_log(c, _)
             return out
         return super().poll(timeout) if self.builder is not None else Evaluator.poll(self, timeout)
 
@@ -334,10 +337,10 @@ class ReplayEvaluator(BuildAheadEvaluator):
             time.sleep(self.delay_s)
             self.busy_s += self.delay_s
         m = self.landscape.lookup(candidate.params)
-        self._log(candidate, m)
+        self._append_log(candidate, m)
         return m
 
-    def _log(self, candidate: Candidate, m: Measurement) -> None:
+    def _append_log(self, candidate: Candidate, m: Measurement) -> None:
         if self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(f"{candidate.hash} {m.status}\n")

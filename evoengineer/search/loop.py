@@ -83,7 +83,7 @@ class SearchLoop:
                     if r.exhausted:
                         reason = r.why_stopped()
                     elif r.evaluations + len(self.in_flight) >= cap:
-                        reason = "budget" if r.settings.budget is not None else "generations"
+                        reason = r.settings.cap_reason()
                     else:
                         reason = self._propose_one()
                 if not self.in_flight:

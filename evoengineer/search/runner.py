@@ -61,9 +61,19 @@ class SearchSettings:
 
     @property
     def max_evaluations(self) -> int:
-        """Evaluation cap of the batch strategies (random, optuna): the budget, else population x (generations+1),
-        the most a GA run of the same settings could evaluate."""
-        return self.budget if self.budget is not None else self.population * (self.generations + 1)
+        """The run's evaluation cap. The GA: the budget and population x (generations + 1), whichever is smaller (its
+        generations are turnovers of the population); the other strategies: the budget, else population x
+        (generations + 1), the most a GA of the same settings could evaluate."""
+        by_generations = self.population * (self.generations + 1)
+        if self.budget is None:
+            return by_generations
+        return min(self.budget, by_generations) if self.strategy == "ga" else self.budget
+
+    def cap_reason(self) -> str:
+        """Why a run that reached max_evaluations stopped."""
+        if self.budget is not None and self.max_evaluations == self.budget:
+            return "budget"
+        return "generations"
 
 
 class Runner:
