@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stored_count
 from test_ga import toy  # noqa: F401  (the toy space and its landscape, shared)
 from evoengineer.cli import main
 from evoengineer.evaluators.replay import ReplayEvaluator
@@ -53,17 +54,6 @@ def _env() -> dict:
     return env
 
 
-def _count(db: Path) -> int:
-    try:
-        con = sqlite3.connect(db)
-        try:
-            return con.execute("select count(*) from candidates").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
 def _replays_exactly(work: Path, strategy: str, db: str = "s.db") -> None:
     """A fresh strategy fed the run's whole history proposes exactly what the log says it proposed."""
     store = Store(f"sqlite:///{work / db}")
@@ -92,9 +82,9 @@ def test_kill_9_at_random_points_then_resume(toy: Path, tmp_path: Path, strategy
         cmd = args if kills == 0 else ["resume", "--db", "sqlite:///s.db", "--quiet"]
         proc = subprocess.Popen([sys.executable, "-m", "evoengineer", *cmd], cwd=work, env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        target = _count(work / "s.db") + rng.randint(3, 12)
+        target = stored_count(work / "s.db") + rng.randint(3, 12)
         deadline = time.monotonic() + 120
-        while _count(work / "s.db") < target and proc.poll() is None and time.monotonic() < deadline:
+        while stored_count(work / "s.db") < target and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         if proc.poll() is not None:
             break

@@ -144,3 +144,23 @@ class BuildQueue:
             self._heap.clear()
         for f in left:
             f.cancel()
+
+
+class QueuedBuilds:
+    """What a builder owning a BuildQueue (`self.queue`) offers the build-and-measure pipeline."""
+
+    queue: BuildQueue
+
+    @property
+    def slots(self) -> int:
+        return self.queue.slots
+
+    def hold(self) -> None:
+        """No build starts until `release`; returns once the running builds are done."""
+        self.queue.hold()
+
+    def release(self) -> None:
+        self.queue.release()
+
+    def cancel_queued(self) -> int:
+        return self.queue.cancel_queued()

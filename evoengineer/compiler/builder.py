@@ -23,7 +23,7 @@ from typing import Any
 
 from evoengineer import TEMPLATES_DIR
 from evoengineer.compiler import steps
-from evoengineer.compiler.build_queue import BuildQueue
+from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
 from evoengineer.compiler.toolchain import toolchain
 from evoengineer.candidate import Candidate
 from evoengineer.family import BindingSource
@@ -68,7 +68,7 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-class Builder:
+class Builder(QueuedBuilds):
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
     def __init__(self, space: SearchSpace, *, entry: str, binding: "str | Path | BindingSource", signature: str,
@@ -237,20 +237,6 @@ class Builder:
                "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags, "arch": self.space.arch,
                "gate": self._gate_job()}
         return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
-
-    @property
-    def slots(self) -> int:
-        return self.queue.slots
-
-    def hold(self) -> None:
-        """No build starts until `release`; returns once the running builds are done."""
-        self.queue.hold()
-
-    def release(self) -> None:
-        self.queue.release()
-
-    def cancel_queued(self) -> int:
-        return self.queue.cancel_queued()
 
     def drop_ahead(self, keep: "set[str] | frozenset[str]" = frozenset()) -> int:
         """Forget the builds asked for ahead that have not started, except the candidates (hashes) in `keep`; their

@@ -106,6 +106,23 @@ class Evaluator(ABC):
         f = getattr(self, "_batch_feeder", None)
         return f.cancel() if f is not None else []
 
+    def _evaluate_submitted(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
+        """`evaluate_many` for an evaluator with its own submit / poll: submit them all, hand each result on as it
+        comes; interrupted (Ctrl-C, a lost lease), nothing of them keeps running."""
+        todo = {c.hash: c for c in candidates}
+        for c in todo.values():
+            self.submit(c)
+        left = set(todo)
+        try:
+            while left:
+                for c, m in self.poll(None):
+                    if c.hash in left:
+                        left.discard(c.hash)
+                        yield c, m
+        finally:
+            if left:
+                self.cancel()
+
     def _feeder(self) -> "BatchFeeder":
         f = getattr(self, "_batch_feeder", None)
         if f is None:

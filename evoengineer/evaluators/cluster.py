@@ -578,20 +578,7 @@ class ClusterEvaluator(Evaluator):
         return next(iter(self.evaluate_many([candidate])))[1]
 
     def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
-        """Submit them all; hand each result on as it arrives."""
-        todo = {c.hash: c for c in candidates}
-        for c in todo.values():
-            self.submit(c)
-        left = set(todo)
-        try:
-            while left:
-                for c, m in self.poll(None):
-                    if c.hash in left:
-                        left.discard(c.hash)
-                        yield c, m
-        finally:
-            if left:  # interrupted (Ctrl-C, a lost lease): nothing of these keeps running
-                self.cancel()
+        return self._evaluate_submitted(candidates)
 
     def _start_build(self, c: Candidate) -> None:
         f = self.client.submit(build_task, self.spec, c, resources={BUILD: 1}, pure=False)

@@ -180,15 +180,7 @@ class BuildAheadEvaluator(Evaluator):
 
     def evaluate_many(self, candidates: Iterable[Candidate]) -> Iterator[tuple[Candidate, Measurement]]:
         """Submit them all, hand each result on as it comes (builds overlap measurements as in a search)."""
-        todo = {c.hash: c for c in candidates}
-        for c in todo.values():
-            self.submit(c)
-        left = set(todo)
-        while left:
-            for c, m in self.poll(None):
-                if c.hash in left:
-                    left.discard(c.hash)
-                    yield c, m
+        return self._evaluate_submitted(candidates)
 
     def build_stats(self) -> dict[str, float]:
         return {"build_s": self.build_s, "builds": self.builds, "wait_s": self.wait_s}

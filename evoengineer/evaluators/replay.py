@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
-from evoengineer.compiler.build_queue import BuildQueue
+from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
 from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming, round_robin
@@ -145,7 +145,7 @@ class BuildTimeModel:
         return (t if isinstance(t, float) and math.isfinite(t) and t >= 0 else self.seconds) * self.scale
 
 
-class SimulatedBuilder:
+class SimulatedBuilder(QueuedBuilds):
     """Builds of a replay under a build-time model: the real builder's queue (now before ahead, a fixed number of
     slots), a timer instead of a compiler; the landscape's build failures are the builds' verdicts."""
 
@@ -162,19 +162,6 @@ class SimulatedBuilder:
             done.set_result(dataclasses.replace(hit, build_s=0.0, cached=True))
             return done
         return self.queue.submit(candidate.hash, candidate, ahead=ahead)
-
-    @property
-    def slots(self) -> int:
-        return self.queue.slots
-
-    def hold(self) -> None:
-        self.queue.hold()
-
-    def release(self) -> None:
-        self.queue.release()
-
-    def cancel_queued(self) -> int:
-        return self.queue.cancel_queued()
 
     def _start(self, candidate: Candidate) -> Future:
         self.started.append(candidate.hash)

@@ -5,18 +5,11 @@ Used to record full landscapes (`python -m evoengineer landscape` exports them f
 
 from __future__ import annotations
 
-from evoengineer.search.strategy import Genome, Strategy
+from evoengineer.search.strategy import Genome, InOrder
 
 
-class GridSearch(Strategy):
+class GridSearch(InOrder):
     name = "grid"
 
-    def propose(self) -> Genome | None:
-        if not hasattr(self, "_valid"):
-            self._valid, self._pos = self.space.valid_genomes(), 0
-        while self._pos < len(self._valid):
-            g = tuple(self._valid[self._pos])
-            self._pos += 1
-            if not self.seen(g):
-                return g
-        return None
+    def order(self) -> list[Genome]:
+        return self.space.valid_genomes()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 
-from evoengineer.search.strategy import Genome, Strategy
+from evoengineer.search.strategy import Genome, InOrder
 
 
-class RandomSearch(Strategy):
+class RandomSearch(InOrder):
     name = "random"
 
     def order(self) -> list[Genome]:
@@ -19,13 +19,3 @@ class RandomSearch(Strategy):
         valid = list(self.space.valid_genomes())
         random.Random(f"random-search:{self.settings.seed}").shuffle(valid)
         return valid
-
-    def propose(self) -> Genome | None:
-        if not hasattr(self, "_order"):
-            self._order, self._pos = self.order(), 0
-        while self._pos < len(self._order):
-            g = tuple(self._order[self._pos])
-            self._pos += 1
-            if not self.seen(g):
-                return g
-        return None

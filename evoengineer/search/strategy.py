@@ -73,3 +73,20 @@ class Strategy:
         from evoengineer.search.loop import SearchLoop
 
         return SearchLoop(self.runner, self).run()
+
+
+class InOrder(Strategy):
+    """A strategy that takes the valid configurations in a fixed order (`order`), skipping any told or pending."""
+
+    def order(self) -> list[Genome]:
+        raise NotImplementedError
+
+    def propose(self) -> Genome | None:
+        if not hasattr(self, "_order"):
+            self._order, self._pos = self.order(), 0
+        while self._pos < len(self._order):
+            g = tuple(self._order[self._pos])
+            self._pos += 1
+            if not self.seen(g):
+                return g
+        return None

@@ -158,6 +158,8 @@ def main() -> None:
     ap.add_argument("--population", type=int, default=12)
     ap.add_argument("--ga", default="", help="GA settings under test, e.g. immigrants=0.1,prescreen=8")
     ap.add_argument("--surrogate", default="", help="surrogate settings under test, e.g. stall=3,explore=8")
+    ap.add_argument("--pipeline", help="SLOTSxBUILD_S:MEASURE_S: results arrive as from such a host, in simulated "
+                    "time (benchmark.py --pipeline); default: one at a time")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--work", default="/tmp/evo-robustness")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -183,7 +185,7 @@ def main() -> None:
                     jobs.append({"landscape": f"{sp_name}__{fam}__{seed}", "paths": (str(space_file), str(land)),
                                  "strategy": strat, "seeds": [seed], "work": str(work), "tag": a.tag,
                                  "ga": parse_ga(a.ga), "surrogate": parse_surrogate(a.surrogate),
-                                 "cap": a.cap, "population": a.population,
+                                 "cap": a.cap, "population": a.population, "pipeline": a.pipeline,
                                  "stop_within": 0.0, "min_evals": 0, "keep_times": True,
                                  "meta": {"family": fam, "space": sp_name}})
     t0 = time.monotonic()
@@ -193,7 +195,8 @@ def main() -> None:
     def cached(job) -> Path | None:
         if job["strategy"] == "ga":
             return None
-        return cache / f"{job['landscape']}__{job['strategy']}__p{job['population']}.json"
+        pipe = f"__{job['pipeline']}" if job.get("pipeline") else ""
+        return cache / f"{job['landscape']}__{job['strategy']}__p{job['population']}{pipe}.json"
 
     outs: list = [None] * len(jobs)
     todo = []

@@ -1,0 +1,153 @@
+"""Issue 51's benchmark, on one GPU host in one call: the asynchronous search on one GPU and on every GPU of the host
+(`--cluster local`), the default search (GA) and random, each run from an empty build cache.
+
+Per run: candidates per minute (the whole command, and the progress line's rate), the GPU busy share (per GPU on a
+cluster), the share of the run the GPU waited on builds, builds per candidate, and the seconds from the command's
+start to the first stored candidate. Ratios all-GPUs / one-GPU are taken per strategy and seed on the same host.
+
+    python experiments/scale/async_search.py [--space cuda_msda_fp16] [--budget 200] [--seeds 0,1,2]
+        [--strategies ga,random] [--gpus 1,4] [--tag h100x4]
+
+Writes experiments/scale/results/async_search[_TAG].json and .md (the runs' logs stay in a temporary folder,
+named in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "scale" / "results"
+DONE = re.compile(r"^\s*done \|.*\| (?P<rate>\d+)/min \| GPU busy (?P<busy>\d+)% of (?P<gpus>\d+)")
+WAITED = re.compile(r"GPU waited on builds (?P<wait>\d+)%")
+PER_GPU = re.compile(r"\| per GPU: (?P<per>[^|]+)\|")
+BUILDS = re.compile(r"builds (?P<b>[\d.]+) s/candidate")
+
+
+def visible_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def first_candidate_s(db: Path, started: float) -> float | None:
+    """Seconds from the command's start to the first stored candidate (the store's UTC timestamp)."""
+    con = sqlite3.connect(db)
+    try:
+        row = con.execute("select min(finished_at) from candidates").fetchone()
+    finally:
+        con.close()
+    if not row or not row[0]:
+        return None
+    t = datetime.fromisoformat(str(row[0]).replace(" ", "T"))
+    if t.tzinfo is None:  # SQLite keeps the UTC time without its zone
+        t = t.replace(tzinfo=timezone.utc)
+    return round(t.timestamp() - started, 2)
+
+
+def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path) -> dict:
+    name = f"{strategy}_s{seed}_g{gpus}"
+    cache = work / f"cache_{name}"  # empty: every build (the family binding too) from scratch
+    db = work / f"{name}.db"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "evoengineer", "search", "--space", space, "--strategy", strategy, "--seed",
+           str(seed), "--budget", str(budget), "--db", f"sqlite:///{db}", "--out", str(work / f"{name}.json"),
+           "--cache-dir", str(cache)]
+    if gpus > 1:
+        cmd += ["--cluster", "local", "--cluster-workers", str(gpus)]
+    started = time.time()
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (work / f"{name}.log").write_text(" ".join(cmd) + "\n\n" + r.stderr + r.stdout)
+    out: dict = {"strategy": strategy, "seed": seed, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
+    if r.returncode != 0:
+        out["error"] = (r.stderr.strip().splitlines() or ["?"])[-1][:300]
+        return out
+    con = sqlite3.connect(db)
+    n = con.execute("select count(*) from candidates").fetchone()[0]
+    con.close()
+    out.update(evaluations=n, per_min_command=round(60 * n / wall, 1), first_candidate_s=first_candidate_s(db, started))
+    for line in r.stderr.splitlines():
+        m = DONE.match(line)
+        if m:
+            out.update(per_min_progress=int(m["rate"]), gpu_busy=int(m["busy"]) / 100)
+            for rx, key in ((WAITED, "waited_on_builds"), (BUILDS, "build_s_per_candidate")):
+                mm = rx.search(line)
+                if mm:
+                    out[key] = float(mm.group(1)) / (100 if key == "waited_on_builds" else 1)
+            pg = PER_GPU.search(line)
+            if pg:
+                out["per_gpu"] = pg["per"].strip()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--space", default="cuda_msda_fp16")
+    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--strategies", default="ga,random")
+    ap.add_argument("--gpus", help="GPU counts to compare (default: 1 and all of this host)")
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args(argv)
+    n_gpus = visible_gpus()
+    counts = [int(x) for x in a.gpus.split(",")] if a.gpus else sorted({1, max(1, n_gpus)})
+    work = Path(tempfile.mkdtemp(prefix="evo-async-"))
+    rows = []
+    for strategy in a.strategies.split(","):
+        for seed in (int(s) for s in a.seeds.split(",")):
+            for g in counts:
+                row = run(a.space, strategy, seed, a.budget, g, work)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    ratios = []
+    for strategy in a.strategies.split(","):
+        for g in counts[1:]:
+            per = []
+            for seed in (int(s) for s in a.seeds.split(",")):
+                one = next((r for r in rows if r["strategy"] == strategy and r["seed"] == seed and r["gpus"] == 1
+                            and "per_min_command" in r), None)
+                many = next((r for r in rows if r["strategy"] == strategy and r["seed"] == seed and r["gpus"] == g
+                             and "per_min_command" in r), None)
+                if one and many:
+                    per.append(many["per_min_command"] / one["per_min_command"])
+            if per:
+                med = statistics.median(per)
+                ratios.append({"strategy": strategy, "gpus": g, "speedup_median": round(med, 2),
+                               "efficiency": round(med / g, 2), "per_seed": [round(x, 2) for x in per]})
+    tag = f"_{a.tag}" if a.tag else ""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {"space": a.space, "budget": a.budget, "gpus_on_host": n_gpus, "runs": rows, "ratios": ratios,
+           "logs": str(work)}
+    (RESULTS / f"async_search{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    lines = [f"# Asynchronous search on one host ({a.space}, budget {a.budget}{', ' + a.tag if a.tag else ''})", "",
+             "| strategy | seed | GPUs | cand/min (command) | cand/min (progress) | GPU busy | waited on builds | "
+             "first candidate s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['seed']} | {r['gpus']} | {r.get('per_min_command', r.get('error'))} | "
+                     f"{r.get('per_min_progress', '')} | {r.get('gpu_busy', '')} | {r.get('waited_on_builds', '')} | "
+                     f"{r.get('first_candidate_s', '')} |")
+    lines += ["", "| strategy | GPUs | speedup vs 1 GPU (median) | efficiency |", "|---|---|---|---|"]
+    lines += [f"| {x['strategy']} | {x['gpus']} | {x['speedup_median']} | {x['efficiency']} |" for x in ratios]
+    (RESULTS / f"async_search{tag}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
