@@ -104,6 +104,12 @@ class BatchFeeder:
             self._generation += 1
         return self.results.drop()
 
+    def stop(self) -> None:
+        self.cancel()
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+
     def _run(self) -> None:
         while True:
             with self._cv:

@@ -168,7 +168,15 @@ class Evaluator(ABC):
         return {}
 
     def close(self) -> None:
-        """Release workers and devices."""
+        """Release workers and devices (subclasses that override this call `_stop_feeder` if they use it)."""
+        self._stop_feeder()
+
+    def _stop_feeder(self) -> None:
+        """End the default submit / poll's thread (what is in flight is dropped)."""
+        f = getattr(self, "_batch_feeder", None)
+        if f is not None:
+            self._batch_feeder = None
+            f.stop()
 
     def __enter__(self) -> "Evaluator":
         return self

@@ -310,6 +310,7 @@ class ReplayEvaluator(BuildAheadEvaluator):
         return super().build_stats() if self.builder is not None else None
 
     def close(self) -> None:
+        self._stop_feeder()
         if self.builder is not None:
             self.builder.close()
 

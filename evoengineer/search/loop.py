@@ -72,13 +72,13 @@ class SearchLoop:
     def run(self) -> str:
         r, ev = self.runner, self.runner.evaluator
         self._replay()
-        width = max(1, ev.concurrency())
         cap = r.settings.max_evaluations
         reason = ""
         try:
             for h, g in list(self.in_flight.items()):
                 self._submit(h, g)
             while True:
+                width = max(1, ev.concurrency())  # the evaluator may adapt it (build and measure times)
                 while not reason and len(self.in_flight) < width:
                     if r.exhausted:
                         reason = r.why_stopped()
@@ -128,14 +128,13 @@ class SearchLoop:
             cand = r.factory.from_genome(g)
         except UserError as exc:  # the template fails for this genome only: a failed candidate, not a crash
             self._arrive(CandidateRecord(hash=h, params=r.space.genome_to_params(g), status="compile_error",
-                                         reason=f"render: {exc}", generation=self._generation()), g, submitted=False)
+                                         reason=f"render: {exc}", generation=self._generation()), g)
             return
         self.in_flight[h] = g
         r.evaluator.submit(cand)
 
-    def _arrive(self, rec: CandidateRecord, g: "Genome", submitted: bool = True) -> None:
+    def _arrive(self, rec: CandidateRecord, g: "Genome") -> None:
         r = self.runner
-        r.generation = self._generation()
         r._record(rec)  # committed: this is its arrival
         self.strategy.tell(g, r.records[rec.hash])
         self.told += 1

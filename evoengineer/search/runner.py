@@ -62,11 +62,11 @@ class SearchSettings:
     @property
     def max_evaluations(self) -> int:
         """The run's evaluation cap. The GA: the budget and population x (generations + 1), whichever is smaller (its
-        generations are turnovers of the population); the other strategies: the budget, else population x
-        (generations + 1), the most a GA of the same settings could evaluate."""
+        generations are turnovers of the population); grid: the budget, else the whole space; the other strategies:
+        the budget, else population x (generations + 1), the most a GA of the same settings could evaluate."""
         by_generations = self.population * (self.generations + 1)
         if self.budget is None:
-            return by_generations
+            return 2**62 if self.strategy == "grid" else by_generations
         return min(self.budget, by_generations) if self.strategy == "ga" else self.budget
 
     def cap_reason(self) -> str:
@@ -92,7 +92,6 @@ class Runner:
         self.records: dict[str, CandidateRecord] = {r.hash: r for r in store.candidates(run.id)}
         self.exhausted = False  # no more evaluations: budget spent, or a stop was requested
         self.stop_reason = ""
-        self.generation = 0
         self.elite_hashes: list[str] = []
         self._hash_of: dict[tuple[int, ...], str] = {}
         self.stop_requested = False  # set by the driver's SIGINT handler
@@ -121,15 +120,6 @@ class Runner:
     @property
     def evaluations(self) -> int:
         return len(self.records)
-
-    @property
-    def budget_left(self) -> float:
-        b = self.settings.budget
-        return math.inf if b is None else max(0, b - self.evaluations)
-
-    @property
-    def space_exhausted(self) -> bool:
-        return self.evaluations >= self.space.count_valid()
 
     # ---- evaluation -----------------------------------------------------------------------------------------------
     def _record(self, rec: CandidateRecord) -> None:

@@ -28,7 +28,7 @@ def main() -> int:
     rng = random.Random(0)
     valid = space.valid_genomes()
     records: dict[str, CandidateRecord] = {}
-    runner = SimpleNamespace(space=space, records=records, settings=SimpleNamespace(seed=0, population=12))
+    runner = SimpleNamespace(space=space, settings=SimpleNamespace(seed=0, population=12))
     strat = SurrogateSearch(runner)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     strat.valid()
@@ -40,11 +40,12 @@ def main() -> int:
             params = space.genome_to_params(g)
             ok = rng.random() > 0.1
             t = 100.0 + sum(i * (k + 1) for k, i in enumerate(g)) + rng.random() * 10
-            records[f"h{len(records)}"] = CandidateRecord(hash=f"h{len(records)}", params=params,
-                                                          status="ok" if ok else "gate_failed",
-                                                          metrics={"time_us": t} if ok else {}, generation=0)
+            rec = CandidateRecord(hash=f"h{len(records)}", params=params, status="ok" if ok else "gate_failed",
+                                  metrics={"time_us": t} if ok else {}, generation=0)
+            records[rec.hash] = rec
+            strat.tell(tuple(g), rec)  # what the search loop does as results arrive
         t0 = time.perf_counter()
-        picks = strat.propose(gen, 12)
+        picks = strat.batch(gen, 12)
         ms = 1000 * (time.perf_counter() - t0)
         print(f"history {n}: a batch of {len(picks)} in {ms:.0f} ms ({ms / len(picks):.0f} ms per proposal)")
         gen += 1
