@@ -238,11 +238,6 @@ class Builder(QueuedBuilds):
                "gate": self._gate_job()}
         return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
 
-    def drop_ahead(self, keep: "set[str] | frozenset[str]" = frozenset()) -> int:
-        """Forget the builds asked for ahead that have not started, except the candidates (hashes) in `keep`; their
-        futures are cancelled. Returns how many were dropped."""
-        return self.queue.drop_ahead(lambda payload: payload[0].hash in keep)
-
     def _start_job(self, payload: tuple[Candidate, dict[str, Any], float]) -> Future:
         try:
             return self._executor().submit(steps.safe, steps.build_candidate, payload[1])

@@ -21,6 +21,7 @@ was made with ``fallback="reference"``: then the plain-PyTorch reference compute
 are forward-only; gradients come from the reference's backward (a second custom op, so compiled graphs stay whole).
 """
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -29,7 +30,12 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: builds of one folder are not serialized
+    fcntl = None  # type: ignore[assignment]
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -241,11 +247,29 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     flags = list(build.get("flags", [])) + (["-DEVO_WITH_CUDA"] if cuda else [])
     cuda_flags = (list(build.get("cuda_flags", [])) + ["-DEVO_WITH_CUDA"]) if cuda else None
-    module = cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=flags,
-                                extra_cuda_cflags=cuda_flags, extra_ldflags=list(build.get("ldflags", [])),
-                                build_directory=str(out), with_cuda=cuda, is_python_module=True, verbose=False)
+    with _build_folder_lock(out):
+        module = cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=flags,
+                                    extra_cuda_cflags=cuda_flags, extra_ldflags=list(build.get("ldflags", [])),
+                                    build_directory=str(out), with_cuda=cuda, is_python_module=True, verbose=False)
     _loaded()[name] = module
     return module
+
+
+@contextlib.contextmanager
+def _build_folder_lock(out: Path) -> Iterator[None]:
+    """Every build of this folder goes through one flock (released by the kernel when its process dies). Holding it,
+    a `lock` file of torch's (its FileBaton, made with O_EXCL and removed at the end of a build) can only be left by
+    a build that was killed mid-way: torch would wait for it forever, so it is removed."""
+    if fcntl is None:
+        yield
+        return
+    with open(out / ".evo-build.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (out / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class OpAdapter:

@@ -1,4 +1,5 @@
-"""Search strategies over one shared runner. Each strategy is a module with one class and a `run(state)`."""
+"""Search strategies over one shared runner: each a module with one class keeping the propose / tell / state contract
+(search/strategy.py), driven by the asynchronous search loop (search/loop.py)."""
 
 from evoengineer.search.ga import GeneticSearch
 from evoengineer.search.grid import GridSearch
