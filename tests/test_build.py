@@ -107,3 +107,24 @@ def test_a_relative_cache_dir_builds(faults_dir: Path, build_cache: Path, tmp_pa
         b.close()
     assert r.status == "ok" and not r.cached, (r.status, r.reason)
     assert Path(r.so).is_absolute() and Path(r.so).is_relative_to(tmp_path / "rel")
+
+
+def test_a_build_killed_mid_way_does_not_block_the_next(faults_dir: Path, build_cache: Path):
+    """A build killed mid-way (Ctrl-C, kill -9 of a search) leaves torch's `lock` file in the candidate's folder;
+    torch would wait for it forever: the next build of that candidate removes it under its own lock and builds."""
+    import shutil
+
+    space = load_space(faults_dir / "faults_space.toml")
+    task = get_task(space)
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
+                cache_dir=build_cache, jobs=1)
+    try:
+        cand = CandidateFactory(space).make({"FAULT": "none", "D_VEC": 8})
+        d = b.candidate_dir(cand)
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        (d / "lock").touch()
+        r = b.submit(cand).result(timeout=600)
+        assert r.status == "ok" and not r.cached and not (d / "lock").exists()
+    finally:
+        b.close()

@@ -5,8 +5,6 @@ Functions here take and return plain dicts so they cross process boundaries with
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import json
 import os
@@ -14,7 +12,6 @@ import re
 import resource
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +47,13 @@ def _first_error(text: str) -> str:
     return lines[-1].strip()[:300] if lines else "unknown build failure"
 
 
-@contextlib.contextmanager
-def dir_lock(out_dir: Path) -> Iterator[None]:
+def dir_lock(out_dir: Path) -> Any:
     """Hold an exclusive lock on one build folder: processes sharing a cache (the builders of several Dask workers
-    of one host) never write the same folder at once; the second finds the first one's outputs up to date."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".evo-build.lock", "a") as f:  # inside: the cache's folders hold builds only
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    of one host) never write the same folder at once; the second finds the first one's outputs up to date. Holding
+    it, torch's lock file of a build killed mid-way is removed (ops/runtime.py: build_folder_lock)."""
+    from evoengineer.ops.runtime import build_folder_lock
+
+    return build_folder_lock(out_dir)
 
 
 def _set_arch(job: dict[str, Any]) -> None:

@@ -247,7 +247,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     flags = list(build.get("flags", [])) + (["-DEVO_WITH_CUDA"] if cuda else [])
     cuda_flags = (list(build.get("cuda_flags", [])) + ["-DEVO_WITH_CUDA"]) if cuda else None
-    with _build_folder_lock(out):
+    with build_folder_lock(out):
         module = cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=flags,
                                     extra_cuda_cflags=cuda_flags, extra_ldflags=list(build.get("ldflags", [])),
                                     build_directory=str(out), with_cuda=cuda, is_python_module=True, verbose=False)
@@ -256,14 +256,16 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
 
 
 @contextlib.contextmanager
-def _build_folder_lock(out: Path) -> Iterator[None]:
-    """Every build of this folder goes through one flock (released by the kernel when its process dies). Holding it,
+def build_folder_lock(out: Path) -> Iterator[None]:
+    """Every build of this folder goes through one flock (released by the kernel when its process dies; not
+    re-entrant: one per folder and process at a time). Holding it,
     a `lock` file of torch's (its FileBaton, made with O_EXCL and removed at the end of a build) can only be left by
     a build that was killed mid-way: torch would wait for it forever, so it is removed."""
+    out.mkdir(parents=True, exist_ok=True)
     if fcntl is None:
         yield
         return
-    with open(out / ".evo-build.lock", "a") as f:
+    with open(out / ".evo-build.lock", "a") as f:  # the name the candidate builds' folders use too
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             (out / "lock").unlink(missing_ok=True)

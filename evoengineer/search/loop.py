@@ -32,6 +32,7 @@ class SearchLoop:
         self.runner = runner
         self.strategy = strategy
         self.in_flight: dict[str, "Genome"] = {}  # hash -> genome, in proposal order
+        self.proposal_of: dict[str, int] = {}  # hash -> its proposal's number (the generation label's source)
         self.told = 0  # results that arrived (stored and told), this epoch of proposals
         self.seq = 0  # proposals made
         self.arrived_since_publish = 0
@@ -55,6 +56,7 @@ class SearchLoop:
                 raise UserError(f"run {r.run.id}: replaying its history, the {r.settings.strategy} strategy proposed "
                                 f"something else at proposal {seq + 1} (another version of the strategy?); resume "
                                 "with --from-scratch (proposes anew; what was measured is reused)")
+            self.proposal_of[h] = seq
             if known:
                 st.tell(g, r.records[h])
             elif h not in r.records:
@@ -93,7 +95,7 @@ class SearchLoop:
                     if g is not None:
                         self._arrive(CandidateRecord(hash=cand.hash, params=cand.params, status=m.status,
                                                      reason=m.reason, metrics=dict(m.metrics),
-                                                     generation=self._generation(), source=cand.source), g)
+                                                     generation=self._label(cand.hash), source=cand.source), g)
                 if r.exhausted and r.stop_reason and r.stop_reason != "budget":
                     reason = reason or r.why_stopped()
                     break  # an observer's stop: what is in flight is not waited for
@@ -115,6 +117,7 @@ class SearchLoop:
         h = r.hash_of(g)
         known = h in r.records
         r.store.record_proposal(r.run.id, self.seq, h, told=self.told, known=known)
+        self.proposal_of[h] = self.seq
         self.seq += 1
         if known:
             st.tell(g, r.records[h])
@@ -128,7 +131,7 @@ class SearchLoop:
             cand = r.factory.from_genome(g)
         except UserError as exc:  # the template fails for this genome only: a failed candidate, not a crash
             self._arrive(CandidateRecord(hash=h, params=r.space.genome_to_params(g), status="compile_error",
-                                         reason=f"render: {exc}", generation=self._generation()), g)
+                                         reason=f"render: {exc}", generation=self._label(h)), g)
             return
         self.in_flight[h] = g
         r.evaluator.submit(cand)
@@ -141,6 +144,11 @@ class SearchLoop:
         self.arrived_since_publish += 1
         if self.arrived_since_publish >= max(1, r.settings.population):
             self._publish()
+
+    def _label(self, h: str) -> int:
+        """A record's generation label: its proposal's number / population (proposals come in a deterministic order,
+        results do not)."""
+        return self.proposal_of.get(h, self.seq) // max(1, self.runner.settings.population)
 
     def _generation(self) -> int:
         """A label for reports: results arrived / population (no generation exists in the search itself)."""
