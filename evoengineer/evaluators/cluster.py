@@ -436,7 +436,8 @@ class ClusterEvaluator(Evaluator):
         self.slots = self._wait_for_gpu_workers()
         self._slots_stale, self._slots_at = False, time.monotonic()
         self.client.subscribe_topic("all", self._on_event)  # workers joining and leaving
-        if self.builds and not self._build_slots():
+        self.build_slots = self._build_slots()
+        if self.builds and not self.build_slots:
             self.builds = False  # no build worker: each GPU worker compiles what it measures
         self.busy_s = 0.0  # time the GPU workers spent on this search's candidates
         self.busy_by_worker: dict[str, float] = {}  # the same, per GPU worker (by worker name)
@@ -453,10 +454,15 @@ class ClusterEvaluator(Evaluator):
         return "the local cluster" if self.address == "local" else self.address
 
     def gpu_workers(self) -> int:
-        return sum(1 for w in self._workers().values() if w.get("resources", {}).get(GPU))
+        return self._counts()[0]
 
     def _build_slots(self) -> int:
-        return int(sum(w.get("resources", {}).get(BUILD, 0) for w in self._workers().values()))
+        return self._counts()[1]
+
+    def _counts(self) -> tuple[int, int]:
+        """(GPU workers, build slots) of the cluster now: one question to the scheduler."""
+        res = [w.get("resources", {}) for w in self._workers().values()]
+        return sum(1 for r in res if r.get(GPU)), int(sum(r.get(BUILD, 0) for r in res))
 
     def _wait_for_gpu_workers(self) -> int:
         deadline = time.monotonic() + WAIT_FOR_WORKERS_S
@@ -533,7 +539,7 @@ class ClusterEvaluator(Evaluator):
     def concurrency(self) -> int:
         """Two candidates per GPU worker (one measuring, one built and waiting) and a build for every build slot."""
         self._refresh_slots()
-        return 2 * max(1, self.slots) + (self._build_slots() if self.builds else 0)
+        return 2 * max(1, self.slots) + (self.build_slots if self.builds else 0)
 
     def submit(self, candidate: Candidate) -> None:
         from distributed import as_completed
@@ -648,11 +654,12 @@ class ClusterEvaluator(Evaluator):
             self._slots_stale = True
 
     def _refresh_slots(self) -> None:
-        """The live GPU workers, asked of the scheduler when one came or went (and every few seconds anyway)."""
+        """The live GPU workers and build slots, asked of the scheduler when a worker came or went (and every few
+        seconds anyway)."""
         now = time.monotonic()
         if self._slots_stale or now - self._slots_at > 5.0:
             self._slots_stale = False  # first: an event during the question marks it stale again
-            self.slots = self.gpu_workers()
+            self.slots, self.build_slots = self._counts()  # the scheduler asked at most every few seconds
             self._slots_at = now
 
     def _result(self, fut: Any) -> Any:

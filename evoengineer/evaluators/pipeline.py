@@ -26,6 +26,16 @@ from evoengineer.evaluators.asynchronous import Results
 from evoengineer.evaluators.base import Evaluator, Measurement
 
 
+def in_flight_width(slots: int, build_s: float | None, measure_s: float | None) -> int:
+    """Candidates to keep in flight on one measuring device: about build_s / measure_s building so that a built one
+    always waits for the device, plus one measuring and one waiting; at most every build slot busy (all of them
+    while the times are not known)."""
+    most = slots + 2
+    if build_s is None or not measure_s or measure_s <= 0:
+        return most
+    return min(most, math.ceil(build_s / max(measure_s, 1e-3)) + 2)
+
+
 class Builds(Protocol):
     """What the pipeline needs of a builder (compiler.builder.Builder, or a replay's build-time model)."""
 
@@ -75,11 +85,10 @@ class BuildAheadEvaluator(Evaluator):
         later is proposed from more results): builds that take B seconds against measurements of M need about B / M
         building; at most every build slot busy, plus one measuring and one built waiting. Before a few builds
         and measurements have been seen: every slot."""
-        most = self.builder.slots + 2
         if len(self._build_times) < 4 or len(self._measure_times) < 4:
-            return most
-        b, m = statistics.median(self._build_times), statistics.median(self._measure_times)
-        return min(most, math.ceil(b / max(m, 1e-3)) + 2)
+            return in_flight_width(self.builder.slots, None, None)
+        return in_flight_width(self.builder.slots, statistics.median(self._build_times),
+                               statistics.median(self._measure_times))
 
     def submit(self, candidate: Candidate) -> None:
         if not self._started:

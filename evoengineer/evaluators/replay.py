@@ -17,7 +17,7 @@ from evoengineer.candidate import Candidate
 from evoengineer.errors import UserError
 from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
 from evoengineer.evaluators.base import METRICS, OK, STATUSES, Evaluator, Measurement
-from evoengineer.evaluators.pipeline import BuildAheadEvaluator
+from evoengineer.evaluators.pipeline import BuildAheadEvaluator, in_flight_width
 from evoengineer.evaluators.retiming import Retiming, round_robin
 from evoengineer.space.spec import SearchSpace, canonical_text
 
@@ -258,11 +258,9 @@ class ReplayEvaluator(BuildAheadEvaluator):
     # without a build-time model: one candidate at a time, answered at once (Evaluator's defaults); in simulated
     # time: the VirtualPipeline; with timers: the build-and-measure pipeline
     def concurrency(self) -> int:
-        if self.virtual is not None:  # as the pipeline would settle: enough building to keep the device busy
+        if self.virtual is not None:  # as the pipeline settles once it has seen the times
             model = self.virtual.model
-            if model.measure_s <= 0:
-                return model.slots + 2
-            return min(model.slots + 2, math.ceil(model.seconds * model.scale / model.measure_s) + 2)
+            return in_flight_width(model.slots, model.seconds * model.scale, model.measure_s)
         return super().concurrency() if self.builder is not None else 1
 
     def submit(self, candidate: Candidate) -> None:
@@ -277,8 +275,8 @@ class ReplayEvaluator(BuildAheadEvaluator):
         if self.virtual is not None:
             out = self.virtual.poll()
             self.busy_s = self.virtual.busy_s
-            for c, _ in out:
-                self._append_log(c, _)
+            for c, m in out:
+                self._append_log(c, m)
             return out
         return super().poll(timeout) if self.builder is not None else Evaluator.poll(self, timeout)
 

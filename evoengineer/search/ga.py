@@ -22,7 +22,7 @@ from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
-from deap import base, creator, tools
+from deap import base, creator
 
 from evoengineer.search.runner import Runner
 from evoengineer.search.strategy import Genome, Strategy
@@ -137,17 +137,6 @@ def make_toolbox(space: SearchSpace, params: GAParams, rng: Rng = random) -> bas
     tb.register("repair", repair, space=space, indpb=params.indpb, rng=rng)
     tb.register("select", sel_tournament, tournsize=params.tournsize, rng=rng)
     return tb
-
-
-def make_stats() -> tools.Statistics:
-    def finite(xs: Sequence[float]) -> list[float]:
-        return [x for x in xs if math.isfinite(x)]
-
-    stats = tools.Statistics(key=lambda ind: ind.fitness.values[0] if ind.fitness.valid else math.inf)
-    stats.register("valid", lambda xs: len(finite(xs)))
-    stats.register("best", lambda xs: min(finite(xs)) if finite(xs) else None)
-    stats.register("median", lambda xs: float(np.median(finite(xs))) if finite(xs) else None)
-    return stats
 
 
 class GeneValueModel:
@@ -335,6 +324,8 @@ class GeneticSearch(Strategy):
             return None
         if model is None:
             return bred[0]
+        if p.prescreen_bypass > 0 and self.rng.random() < p.prescreen_bypass:
+            return bred[self.rng.randrange(len(bred))]  # this child drawn at random, not by the model
         return max(enumerate(bred), key=lambda kv: (model.score(kv[1]), -kv[0]))[1]
 
     def state(self) -> dict[str, Any]:

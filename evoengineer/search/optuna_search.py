@@ -93,7 +93,7 @@ class OptunaSearch(Strategy):
         self.valid = np.array(self.space.valid_genomes(), dtype=np.int64).reshape(-1, len(self.space.parameters))
         self._ordinal = np.array([p.ordinal for p in self.space.parameters], dtype=bool)
         self._valid_index = {tuple(int(x) for x in g): i for i, g in enumerate(self.valid)}
-        self._seen = np.zeros(len(self.valid), dtype=bool)  # told or pending
+        self._seen = np.zeros(len(self.valid), dtype=bool)  # told or pending (Strategy.seen, as an array for numpy)
         self.rng = random.Random(f"optuna-projection:{self.settings.seed}")
         self.counts = {"asks": 0, "violations": 0, "repeats": 0}
         self.study: Any = None
@@ -156,7 +156,7 @@ class OptunaSearch(Strategy):
             self.counts["asks"] += 1
             genome = self.genome_of(trial.params)
             i = self._valid_index.get(genome)
-            if i is not None and not self._seen[i] and not self.seen(genome):
+            if i is not None and not self._seen[i]:
                 self._seen[i] = True
                 self._trials[genome] = trial
                 return genome

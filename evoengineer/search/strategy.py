@@ -31,7 +31,6 @@ class Strategy:
         self.settings = runner.settings
         self.told: dict[Genome, "CandidateRecord"] = {}  # in the order the results arrived
         self.pending: set[Genome] = set()
-        self.proposed = 0
 
     # ---- the contract -------------------------------------------------------------------------------------------
     def propose(self) -> Genome | None:
@@ -44,7 +43,8 @@ class Strategy:
     def state(self) -> dict[str, Any]:
         """A JSON summary for people (elite.json's progress, reports): not what a resume needs."""
         ok = [r.time_us for r in self.told.values() if math.isfinite(r.time_us)]
-        return {"strategy": self.name, "proposed": self.proposed, "told": len(self.told), "pending": len(self.pending),
+        return {"strategy": self.name, "proposed": len(self.told) + len(self.pending), "told": len(self.told),
+                "pending": len(self.pending),
                 "best_us": min(ok) if ok else None}
 
     # ---- used by the loop ---------------------------------------------------------------------------------------
@@ -53,7 +53,6 @@ class Strategy:
         if g is not None:
             g = tuple(g)
             self.pending.add(g)
-            self.proposed += 1
         return g
 
     def tell(self, genome: Genome, record: "CandidateRecord") -> None:

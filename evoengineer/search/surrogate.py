@@ -110,7 +110,6 @@ class SurrogateSearch(Strategy):
         self.params = params or SurrogateParams()
         self.batches = 0  # batches made (each one's RNG is its own)
         self._queue: list[tuple[int, ...]] = []
-        self._order: list[tuple[int, ...]] = []  # told genomes in arrival order, for the stall count
         self.encode = GenomeEncoder(self.space)
         self._valid: np.ndarray | None = None
         self._weights = self._codes = np.zeros(0, dtype=np.int64)
@@ -138,9 +137,6 @@ class SurrogateSearch(Strategy):
         """(genome, correct, p50) of every result told, in genome order (the model sees the same data whatever
         order the results arrived in)."""
         return sorted((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan) for g, r in self.told.items())
-
-    def observe(self, genome: Genome, record: Any) -> None:
-        self._order.append(genome)
 
     def propose(self) -> Genome | None:
         while True:
@@ -226,13 +222,12 @@ class SurrogateSearch(Strategy):
     def _stalled_for(self, generation: int) -> int:
         """Results told since the best time so far was first reached, in populations."""
         best, when = math.inf, -1
-        for i, g in enumerate(self._order):
-            t = self.told[g].time_us
-            if t < best:
-                best, when = t, i
+        for i, rec in enumerate(self.told.values()):  # in the order the results arrived
+            if rec.time_us < best:
+                best, when = rec.time_us, i
         if not math.isfinite(best):
             return 0
-        return (len(self._order) - 1 - when) // max(1, self.settings.population)
+        return (len(self.told) - 1 - when) // max(1, self.settings.population)
 
     def _far_unseen(self, rng: random.Random, seen: set[tuple[int, ...]], picked: list[tuple[int, ...]],
                     n: int) -> list[tuple[int, ...]]:
