@@ -195,7 +195,9 @@ def test_gpu_faults_are_isolated(tmp_path: Path, build_cache: Path, monkeypatch)
     doc = json.loads((d / "elite.json").read_text())
     if find_tool() is None:
         pytest.skip("compute-sanitizer not found: the race passes every numerical check")
-    assert got["smem_race"][0] == "sanitizer_error" and "racecheck" in got["smem_race"][1], got["smem_race"]
+    # the race is caught by racecheck, or by the numbers first where it shows (it does on some H200s)
+    assert (got["smem_race"][0] == "sanitizer_error" and "racecheck" in got["smem_race"][1]) or \
+        (got["smem_race"][0] == "wrong" and "max abs err" in got["smem_race"][1]), got["smem_race"]
     assert [e["params"]["FAULT"] for e in doc["elites"]] == ["none"]
     (elite,) = doc["elites"]
     assert elite["certified"] is True and elite["sanitizer"]["status"] == "clean"
@@ -217,6 +219,8 @@ def test_gpu_healthy_kernel_after_each_fault(tmp_path: Path, build_cache: Path):
             m = ev.evaluate(f.make({"FAULT": fault}))
             assert m.status in ("wrong", "runtime_error"), (fault, m)
             h = ev.evaluate(healthy)
+            print(f"{fault}: {m.status}; healthy after it: max abs err {h.metrics.get('max_abs_err')} (first "
+                  f"{first.metrics['max_abs_err']}), workers started {workers} -> {ev.workers_started}")
             assert h.status == "ok", (fault, h)
             if ev.workers_started == workers:  # same worker, same cached inputs (restored): the same error
                 assert h.metrics["max_abs_err"] == first.metrics["max_abs_err"], fault

@@ -24,7 +24,7 @@ from typing import Any
 from evoengineer import TEMPLATES_DIR
 from evoengineer.compiler import steps
 from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
-from evoengineer.compiler.toolchain import toolchain
+from evoengineer.compiler.toolchain import toolchain, usable_cpus
 from evoengineer.candidate import Candidate
 from evoengineer.family import BindingSource
 from evoengineer.space.flags import check_flags
@@ -85,7 +85,7 @@ class Builder(QueuedBuilds):
         self.binding_path = None if self.binding_source else (TEMPLATES_DIR / binding).resolve()
         # absolute: the linker runs in each build's own folder, where a relative -L to the binding would miss
         self.cache_dir = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()).resolve()
-        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.jobs = max(1, jobs or usable_cpus())
         self.toolchain = toolchain(space.backend)
         self.cflags = list(space.build_flags)
         self.cuda_cflags = list(space.cuda_flags) if space.backend == "cuda" else None

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
 from functools import lru_cache
 from typing import Any
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity (taskset, a cgroup cpuset), not the host's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _first_line(cmd: list[str]) -> str | None:

@@ -27,6 +27,7 @@ address off this host is refused before anything connects.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -36,6 +37,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -45,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from urllib.parse import urlparse
 
 from evoengineer.candidate import Candidate
+from evoengineer.compiler.toolchain import usable_cpus
 from evoengineer.errors import UserError
 from evoengineer.evaluators.base import Evaluator, Measurement
 from evoengineer.space.spec import SearchSpace
@@ -58,6 +61,8 @@ ALLOWED_FAILURES = 1
 DASK_CONFIG = {"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
                "distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.gil.enabled": False}
 #: how long a new search waits for the first GPU worker of an external scheduler
+#: seconds a local cluster has to close before its processes are killed
+CLOSE_TIMEOUT_S = 30
 WAIT_FOR_WORKERS_S = float(os.environ.get("EVOENGINEER_CLUSTER_WAIT_S", "60"))
 
 
@@ -255,7 +260,7 @@ def host_layout(*, gpus: Sequence[str] | None, simulate: int | None, build_jobs:
                             "workers (replays, CPU spaces, tests) with --cluster-workers N / worker --simulate N")
     slots = 0
     if builds:
-        slots = build_jobs if build_jobs else max(1, (os.cpu_count() or 1) - len(ids))
+        slots = build_jobs if build_jobs else max(1, usable_cpus() - len(ids))
     return HostLayout(gpus=ids, build_slots=slots, cache_dir=cache_dir)
 
 
@@ -722,16 +727,51 @@ class ClusterEvaluator(Evaluator):
         self._closed = True
         self.cancel()
         self._wake.set()
+        # a local cluster's worker processes and all they started (builders, measuring workers, compilers) end
+        # with the search: whatever its close leaves running is killed (it would hold the exit: Dask's own
+        # at-exit close waits for it without a limit)
+        workers = self._local_worker_pids() if self._cluster is not None else []
         try:
             self.client.close(timeout=10)
         except Exception:  # a lost scheduler: nothing left to close
             pass
         if self._cluster is not None:
+            t0 = time.monotonic()
             try:
-                self._cluster.close(timeout=30)
-            except Exception:
-                pass
+                self._cluster.close(timeout=CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                print(f"warning: the local cluster did not close within {time.monotonic() - t0:.0f} s "
+                      f"({type(exc).__name__}): its processes are killed", file=sys.stderr)
             self._cluster = None
+            _end_processes(workers, grace_s=5.0)
+
+    def _local_worker_pids(self) -> list[int]:
+        try:
+            return [int(p) for p in self.client.run(os.getpid).values()]
+        except Exception:  # a worker gone already: its process is gone too
+            return []
+
+
+def _end_processes(pids: list[int], grace_s: float) -> None:
+    """Processes `pids` and their descendants: terminated if still running, killed after `grace_s`."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _start_local_cluster(layout: HostLayout) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from evoengineer import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
+from evoengineer.compiler.toolchain import usable_cpus
 from evoengineer.candidate import Candidate
 from evoengineer.evaluators.base import Measurement, state_changed
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
@@ -145,7 +146,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         self.task = get_task(space)  # validates shapes and settings up front
         self.settings = self.task.settings
         self.seed = seed
-        jobs = build_jobs or int(self.settings["build_jobs"]) or os.cpu_count() or 1
+        jobs = build_jobs or int(self.settings["build_jobs"]) or usable_cpus()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding,
                                signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs)

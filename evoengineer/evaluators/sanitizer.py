@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer import ROOT
+from evoengineer.compiler.toolchain import usable_cpus
 
 #: compute-sanitizer's exit code when it reported errors (--error-exitcode), and ours for a wrong output.
 FOUND_EXIT = 86
@@ -113,7 +114,7 @@ def certify(candidates: list[dict[str, str]], *, space_text: str, space_path: st
                        "hash": c["hash"]}, f)
     pairs = [(h, t) for h in jobs for t in tools]
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(len(pairs), os.cpu_count() or 1))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(pairs), usable_cpus()))) as pool:
             results = list(pool.map(lambda p: _run_tool(exe, p[1], jobs[p[0]], timeout_s), pairs))
     finally:
         for path in jobs.values():

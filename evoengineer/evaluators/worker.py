@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import random
@@ -176,7 +175,7 @@ class Session:
 
         st = self.settings
         return time_callable(fn, device=self.task.device, warmup=int(st["warmup"]), repeats=int(st["repeats"]),
-                             flush_l2=bool(st["l2_flush"]), before=before, after=after)
+                             flush_l2=bool(st["l2_flush"]), before=before, after=after, numbered=True)
 
     def _baselines(self) -> dict[str, dict[str, Any]]:
         """The baselines' times per timed shape (made once per worker, calls alternating over the timed sets as the
@@ -757,10 +756,9 @@ def _changed(changes: list[Any]) -> str:
 
 
 def _alternate(call, sets: list[InputSet]):
-    """A zero-argument function whose k-th call runs `call(sets[k % len(sets)])` (the timing hooks number calls
-    the same way, warm-up included)."""
-    counter = itertools.count()
-    return lambda: call(sets[next(counter) % len(sets)])
+    """A function of the call number i that runs `call(sets[i % len(sets)])` (the timing hooks number calls the
+    same way, warm-up included; a call timed again keeps its number and its set)."""
+    return lambda i: call(sets[i % len(sets)])
 
 
 def main() -> None:

@@ -8,6 +8,9 @@ start to the first stored candidate. Ratios all-GPUs / one-GPU are taken per str
     python experiments/scale/async_search.py [--space cuda_msda_fp16] [--budget 200] [--seeds 0,1,2]
         [--strategies ga,random] [--gpus 1,4] [--tag h100x4]
 
+`--gpus 1@16,1,4`: a count `G@C` runs on G GPUs pinned to the host's first C CPUs (sched_setaffinity), e.g. one GPU
+with the 16 cores of a one-GPU host, measured on a bigger one. Ratios use the unpinned runs.
+
 Writes experiments/scale/results/async_search[_TAG].json and .md (the runs' logs stay in a temporary folder,
 named in the output).
 """
@@ -58,8 +61,8 @@ def first_candidate_s(db: Path, started: float) -> float | None:
     return round(t.timestamp() - started, 2)
 
 
-def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path) -> dict:
-    name = f"{strategy}_s{seed}_g{gpus}"
+def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path, cpus: int | None = None) -> dict:
+    name = f"{strategy}_s{seed}_g{gpus}" + (f"_c{cpus}" if cpus else "")
     cache = work / f"cache_{name}"  # empty: every build (the family binding too) from scratch
     db = work / f"{name}.db"
     env = dict(os.environ)
@@ -71,18 +74,40 @@ def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path
         cmd += ["--cluster", "local", "--cluster-workers", str(gpus)]
     started = time.time()
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    pin = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
+    log = work / f"{name}.log"  # written as the run goes: a run cut short still leaves its log
+    with log.open("w") as f:
+        f.write(" ".join(cmd) + "\n\n")
+        f.flush()
+        r = subprocess.run(cmd, cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
     wall = time.perf_counter() - t0
-    (work / f"{name}.log").write_text(" ".join(cmd) + "\n\n" + r.stderr + r.stdout)
+    text = log.read_text()
     out: dict = {"strategy": strategy, "seed": seed, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
+    if cpus:
+        out["cpus"] = len(pin)
     if r.returncode != 0:
-        out["error"] = (r.stderr.strip().splitlines() or ["?"])[-1][:300]
+        out["error"] = (text.strip().splitlines() or ["?"])[-1][:300]
         return out
     con = sqlite3.connect(db)
     n = con.execute("select count(*) from candidates").fetchone()[0]
+    metrics = [json.loads(m) for (m,) in con.execute("select metrics from candidates where status = 'ok'")
+               if m]
     con.close()
     out.update(evaluations=n, per_min_command=round(60 * n / wall, 1), first_candidate_s=first_candidate_s(db, started))
-    for line in r.stderr.splitlines():
+    # where a measured candidate's GPU-worker time goes (median seconds per phase, and in all), and its build
+    phases: dict[str, list[float]] = {}
+    for m in metrics:
+        for k, v in (m.get("worker_s") or {}).items():
+            phases.setdefault(k, []).append(float(v))
+        for k in ("measure_s", "build_s"):
+            if isinstance(m.get(k), (int, float)):
+                phases.setdefault(k, []).append(float(m[k]))
+    out["median_s"] = {k: round(statistics.median(v), 4) for k, v in sorted(phases.items())}
+    # the search's time of each re-timed finalist over its re-timing at the end (builds no longer running)
+    out["search_over_retimed"] = sorted(round(m["time_us"] / m["retime"]["p50_us"], 3) for m in metrics
+                                        if isinstance(m.get("retime"), dict) and m["retime"].get("p50_us"))
+    for line in text.splitlines():
         m = DONE.match(line)
         if m:
             out.update(per_min_progress=int(m["rate"]), gpu_busy=int(m["busy"]) / 100)
@@ -106,24 +131,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
     n_gpus = visible_gpus()
-    counts = [int(x) for x in a.gpus.split(",")] if a.gpus else sorted({1, max(1, n_gpus)})
+    runs = [(int(g), int(c) if c else None) for g, _, c in (x.partition("@") for x in a.gpus.split(","))] \
+        if a.gpus else [(g, None) for g in sorted({1, max(1, n_gpus)})]
+    counts = [g for g, c in runs if c is None]
     work = Path(tempfile.mkdtemp(prefix="evo-async-"))
     rows = []
     for strategy in a.strategies.split(","):
         for seed in (int(s) for s in a.seeds.split(",")):
-            for g in counts:
-                row = run(a.space, strategy, seed, a.budget, g, work)
+            for g, cpus in runs:
+                row = run(a.space, strategy, seed, a.budget, g, work, cpus)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     ratios = []
     for strategy in a.strategies.split(","):
-        for g in counts[1:]:
+        for g in (c for c in counts if c != 1):
             per = []
             for seed in (int(s) for s in a.seeds.split(",")):
                 one = next((r for r in rows if r["strategy"] == strategy and r["seed"] == seed and r["gpus"] == 1
-                            and "per_min_command" in r), None)
+                            and "cpus" not in r and "per_min_command" in r), None)
                 many = next((r for r in rows if r["strategy"] == strategy and r["seed"] == seed and r["gpus"] == g
-                             and "per_min_command" in r), None)
+                             and "cpus" not in r and "per_min_command" in r), None)
                 if one and many:
                     per.append(many["per_min_command"] / one["per_min_command"])
             if per:
@@ -136,10 +163,11 @@ def main(argv: list[str] | None = None) -> int:
            "logs": str(work)}
     (RESULTS / f"async_search{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [f"# Asynchronous search on one host ({a.space}, budget {a.budget}{', ' + a.tag if a.tag else ''})", "",
-             "| strategy | seed | GPUs | cand/min (command) | cand/min (progress) | GPU busy | waited on builds | "
+             "| strategy | seed | GPUs (CPUs) | cand/min (command) | cand/min (progress) | GPU busy | waited on builds | "
              "first candidate s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['strategy']} | {r['seed']} | {r['gpus']} | {r.get('per_min_command', r.get('error'))} | "
+        gpus = f"{r['gpus']} ({r['cpus']})" if "cpus" in r else str(r["gpus"])
+        lines.append(f"| {r['strategy']} | {r['seed']} | {gpus} | {r.get('per_min_command', r.get('error'))} | "
                      f"{r.get('per_min_progress', '')} | {r.get('gpu_busy', '')} | {r.get('waited_on_builds', '')} | "
                      f"{r.get('first_candidate_s', '')} |")
     lines += ["", "| strategy | GPUs | speedup vs 1 GPU (median) | efficiency |", "|---|---|---|---|"]

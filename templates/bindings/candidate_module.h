@@ -368,24 +368,37 @@ inline bool evo_capturing(const torch::Tensor& t) {
 #endif
 }
 
-// The index tensor last found valid: the same tensor object, unmodified since (version counter), is not read back
-// again (on a GPU that read is a synchronization).
+// Index tensors found valid: the same tensor object, unmodified since (version counter), against the same limits,
+// is not read back again (on a GPU that read is a synchronization). Several are kept: callers alternate index
+// tensors (a model's layers, the timing loop's input sets), and with one kept every call of such a loop would read
+// back. A weak reference keeps a freed tensor's address from being taken by another while it is remembered.
 struct EvoCheckedTensor {
-  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> impl;
-  uint32_t version = 0;
-  bool valid = false;
-  std::vector<int64_t> bounds;  // the limits it was checked against
+  static constexpr size_t kKeep = 16;
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+    int64_t version;
+    std::vector<int64_t> bounds;  // the limits it was checked against
+  };
+  std::vector<Entry> entries;
+  size_t next = 0;  // the entry replaced next once kKeep are kept
 
   bool same_as(const torch::Tensor& t, const std::vector<int64_t>& now) const {
-    if (!valid || now != bounds) return false;
-    auto alive = impl->lock();
-    return alive.defined() && alive.get() == t.unsafeGetTensorImpl() && t._version() == version;
+    for (const auto& e : entries) {
+      if (e.bounds != now || e.version != static_cast<int64_t>(t._version())) continue;
+      auto alive = e.impl.lock();
+      if (alive.defined() && alive.get() == t.unsafeGetTensorImpl()) return true;
+    }
+    return false;
   }
   void remember(const torch::Tensor& t, const std::vector<int64_t>& now) {
-    impl.emplace(t.getIntrusivePtr());
-    version = t._version();
-    bounds = now;
-    valid = true;
+    Entry e{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+            static_cast<int64_t>(t._version()), now};
+    if (entries.size() < kKeep) {
+      entries.push_back(std::move(e));
+    } else {
+      entries[next] = std::move(e);
+      next = (next + 1) % kKeep;
+    }
   }
 };
 

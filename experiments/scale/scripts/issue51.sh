@@ -2,11 +2,14 @@
 # search and random, seeds SEEDS (default 0,1,2), budget BUDGET (default 200), every run from an empty build cache
 # (experiments/scale/async_search.py). Carry .whl. Results (JSON, table, run logs) under $OUT.
 #   bash experiments/scale/scripts/issue51.sh            # nvidia-h100-x1: one GPU; nvidia-h100-x2 / -x4: 1 vs all
+#   GPUS=1,2,4 SEEDS=0 bash experiments/scale/scripts/issue51.sh   # on -x4: 1, 2 and 4 GPUs of one host
 source experiments/scripts/device_env.sh || exit 1
 nvidia-smi -L | tee "$OUT/gpus.log"
 n=$(nvidia-smi -L | grep -c '^GPU ')
 gpus=1; [ "$n" -gt 1 ] && gpus="1,$n"
+gpus=${GPUS:-$gpus}
 timeout -s INT -k 20 ${LIMIT:-560} python3 experiments/scale/async_search.py --budget "${BUDGET:-200}" \
   --seeds "${SEEDS:-0,1,2}" --strategies "${STRATEGIES:-ga,random}" --gpus "$gpus" --tag "gpus$n" 2>&1 \
   | tee "$OUT/async_search.log" | tail -30
 cp experiments/scale/results/async_search_gpus"$n".* "$OUT"/ 2>/dev/null
+mkdir -p "$OUT/logs" && cp /tmp/evo-async-*/*.log "$OUT/logs/" 2>/dev/null  # also after a cut-short run
