@@ -191,6 +191,29 @@ def test_1_2_and_4_simulated_gpu_workers(toy_dir: Path, monkeypatch, clusters, s
         assert docs[0]["elites"] == plain["elites"]
 
 
+def test_workers_keep_the_environment_they_were_started_with(monkeypatch):
+    """Dask's nannies would set OMP_NUM_THREADS / MKL_NUM_THREADS / OPENBLAS_NUM_THREADS to 1 in their workers (and
+    in the process starting them): the measuring processes inherit the worker's environment, so CPU kernels would be
+    timed on one thread and a GPU candidate's CPU-side checks would run single-threaded. Workers keep the
+    starter's environment: unset stays unset, a value set stays."""
+    from distributed import Client
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    configure_dask()
+    cluster = _start_local_cluster(HostLayout(gpus=[None], build_slots=0))
+    try:
+        with Client(cluster, timeout=30) as client:
+            seen = list(client.run(lambda: {k: os.environ.get(k) for k in names}).values())
+    finally:
+        cluster.close(timeout=30)
+    want = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": None, "OPENBLAS_NUM_THREADS": None}
+    assert seen == [want]
+    assert {k: os.environ.get(k) for k in names} == want  # nor is the starter's own environment changed
+
+
 def test_done_line_gives_each_gpu_workers_busy_share(toy_dir: Path, monkeypatch, clusters, capsys):
     """On several GPU workers the run's last progress line says how busy each one was (how evenly work spread)."""
     monkeypatch.chdir(toy_dir)
