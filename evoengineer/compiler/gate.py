@@ -75,13 +75,14 @@ def ptxas_gate(source: Path, *, cuda_flags: list[str], arch: str, include_dirs: 
 
 
 def compile_cuda(source: Path, obj: Path, *, flags: list[str], nvcc: str | None = None,
-                 timeout_s: float = 300) -> dict[str, Any]:
-    """`nvcc -c -Xptxas -v` of `source` into `obj`: status (ok | compile_error | build_error), reason, the ptxas
-    report (worst case over the entry functions), the log and the compiler's CPU seconds."""
+                 timeout_s: float = 300, device_only: bool = False) -> dict[str, Any]:
+    """`nvcc -c -Xptxas -v` of `source` into `obj` (with `device_only`, `nvcc -cubin`: the device code alone, no
+    host compile): status (ok | compile_error | build_error), reason, the ptxas report (worst case over the entry
+    functions), the log and the compiler's CPU seconds."""
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
         return {"status": "build_error", "reason": "nvcc not found on PATH"}
-    cmd = [nvcc, "-c", "-Xptxas", "-v", *flags, str(source), "-o", str(obj)]
+    cmd = [nvcc, "-cubin" if device_only else "-c", "-Xptxas", "-v", *flags, str(source), "-o", str(obj)]
     before = _children_cpu()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)

@@ -74,7 +74,7 @@ class Nvrtc:
         rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None)
         if rc != 0:
             return 0.0, False, f"nvrtcCreateProgram {rc}"
-        opts = [o.encode() for o in [*options, f"-I{self.include}"]]
+        opts = [o.encode() for o in [*options, f"-I{self.include}", f"-I{self.include}/cccl"]]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
         size = ctypes.c_size_t()
@@ -95,7 +95,11 @@ def msda_device_only(source: str) -> str:
     head, found, _ = source.partition(MSDA_HOST_MARKER)
     if not found:
         raise ValueError("host marker not found")
+    # NVRTC has no C++ standard library headers: libcu++'s, under std (measurement only)
     head = head.replace("#include <cuda_runtime.h>", "#include <cuda_fp16.h>\n#include <cuda_bf16.h>")
+    head = head.replace("#include <cstdint>", "#include <cuda/std/cstdint>")
+    head = head.replace("#include <type_traits>",
+                        "#include <cuda/std/type_traits>\nnamespace std { using namespace cuda::std; }")
     # the namespace the host part would have closed
     return head + "\n}  // namespace evo_msda\n"
 
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nvrtc", help="libnvrtc.so to measure NVRTC with (MSDA only)")
+    ap.add_argument("--nvrtc-pch", action="store_true", help="NVRTC with its automatic precompiled headers (-pch)")
     ap.add_argument("--cuda-include", help="the CUDA toolkit's include folder (for NVRTC; default: found)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
@@ -155,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             got = list(pool.map(lambda kc: one(*kc), enumerate(cands)))
         if rtc and space.template.endswith("msda.cu.j2"):
             opts = ["-std=c++17", f"--gpu-architecture={space.arch}", "-default-device", "-DEVO_WITH_CUDA",
-                    *[f for f in space.cuda_flags if f.startswith(("-lineinfo", "--use_fast_math", "-D"))]]
+                    *[f for f in space.cuda_flags if f.startswith(("-lineinfo", "--use_fast_math", "-D"))],
+                    *(["-pch"] if a.nvrtc_pch else [])]
             for row, c in zip(got, cands):
                 cpu, ok, log = rtc.compile(msda_device_only(c.source), opts)
                 row["nvrtc_cpu_s"], row["nvrtc_ok"] = round(cpu, 3), ok
