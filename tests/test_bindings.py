@@ -125,6 +125,25 @@ def test_level_checks_follow_in_place_changes(msda):
         _call(mod, inp)
 
 
+def test_level_checks_with_alternating_index_tensors(msda):
+    """Callers alternate index tensors (the timing loop's input sets, a model's layers): several are remembered as
+    checked (no read-back, a device sync on a GPU, on every call), and an in-place change to any of them is still
+    seen, also once more tensors went through than are remembered."""
+    task, mod = msda
+    inp = _inputs(task)
+    sets = [{**inp, "spatial_shapes": inp["spatial_shapes"].clone(),
+             "level_start_index": inp["level_start_index"].clone()} for _ in range(20)]
+    for _ in range(2):
+        for s in sets:
+            assert _call(mod, s)[0] == 0
+    sets[0]["level_start_index"][3] = 44  # remembered long ago (20 tensors since): checked again
+    sets[19]["level_start_index"][3] = 44  # remembered last
+    for s in (sets[19], sets[0]):
+        with pytest.raises(ValueError, match="level_start_index\\[3\\] = 44"):
+            _call(mod, s)
+    assert _call(mod, sets[5])[0] == 0
+
+
 def test_head_major_value_needs_a_kernel_that_reads_it(msda):
     """forward_head_major takes value as [N, M, S, D]; its sizes are checked in that order, and a kernel that reads
     [N, S, M, D] only (the CPU family) refuses it with one clear line instead of reading the wrong rows."""

@@ -214,6 +214,38 @@ def test_workers_keep_the_environment_they_were_started_with(monkeypatch):
     assert {k: os.environ.get(k) for k in names} == want  # nor is the starter's own environment changed
 
 
+def test_a_local_clusters_leftover_processes_are_ended():
+    """What a local cluster's close leaves running (a worker that ignores SIGTERM, and what it started) is ended:
+    Python's exit would otherwise wait for Dask's non-daemon worker processes forever."""
+    import psutil
+
+    from evoengineer.evaluators.cluster import _end_processes
+
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "c = subprocess.Popen(['sleep', '120']); print(c.pid, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    t0 = time.monotonic()
+    _end_processes([parent.pid], grace_s=1.0)
+    parent.wait(timeout=10)  # it ignored SIGTERM: killed after the grace (and reaped)
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert gone(parent.pid) and gone(child)
+    assert time.monotonic() - t0 < 8
+
+
+def test_build_parallelism_follows_the_cpus_this_process_may_use():
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "from evoengineer.compiler.toolchain import usable_cpus; print(usable_cpus())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.stdout.strip() == "1", out.stderr
+
+
 def test_done_line_gives_each_gpu_workers_busy_share(toy_dir: Path, monkeypatch, clusters, capsys):
     """On several GPU workers the run's last progress line says how busy each one was (how evenly work spread)."""
     monkeypatch.chdir(toy_dir)

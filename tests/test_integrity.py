@@ -358,3 +358,17 @@ def test_shape_winners_are_certified_and_a_faulty_one_is_replaced(toy_dir: Path)
     runner.records = {r.hash: r for r in store.candidates(rid)}
     runner.certify_shape_winners()
     assert len(ev.asked) == asked  # verdicts are stored: nothing asked again
+
+
+def test_timed_calls_are_numbered_as_the_hooks_see_them():
+    """`numbered`: the timed function is given the call's number, the one its hooks get (the worker alternates input
+    sets by it, and a call timed again keeps it)."""
+    from evoengineer.evaluators.timing import time_callable
+
+    seen: dict[str, list[int]] = {"fn": [], "before": [], "after": []}
+    out = time_callable(lambda i: seen["fn"].append(i), device="cpu", warmup=2, repeats=3, numbered=True,
+                        before=seen["before"].append, after=seen["after"].append)
+    assert seen == {"fn": [0, 1, 2, 3, 4], "before": [0, 1, 2, 3, 4], "after": [0, 1, 2, 3, 4]}
+    assert out["n"] == 3
+    plain = time_callable(lambda: None, device="cpu", warmup=1, repeats=2)  # not numbered: called without it
+    assert plain["n"] == 2
