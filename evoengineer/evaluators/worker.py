@@ -636,7 +636,10 @@ class Session:
                        check_runs=int(self.settings["check_runs"]),
                        shapes={n: {"p50_us": t["p50"], "p90_us": t["p90"], "p99_us": t["p99"],
                                    "checked_calls": t["checked_calls"], "input_sets": t["input_sets"],
-                                   "fingerprinted_calls": t["fingerprinted_calls"], **honesty.get(n, {})}
+                                   "fingerprinted_calls": t["fingerprinted_calls"],
+                                   # timed calls the host queued too late to hide its launch delay (CUDA)
+                                   **({"host_late": t["host_late"]} if "host_late" in t else {}),
+                                   **honesty.get(n, {})}
                                for n, t in per_shape.items()})
         base = self._baselines()
         if base:

@@ -104,6 +104,9 @@ def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path
             if isinstance(m.get(k), (int, float)):
                 phases.setdefault(k, []).append(float(m[k]))
     out["median_s"] = {k: round(statistics.median(v), 4) for k, v in sorted(phases.items())}
+    # timed calls the host queued after their GPU spin had ended (its launch delay may be in them), in all
+    late = [int(sh.get("host_late", 0)) for m in metrics for sh in (m.get("shapes") or {}).values()]
+    out["host_late_calls"] = {"calls": sum(late), "shapes_timed": len(late)}
     # the search's time of each re-timed finalist over its re-timing at the end (builds no longer running)
     out["search_over_retimed"] = sorted(round(m["time_us"] / m["retime"]["p50_us"], 3) for m in metrics
                                         if isinstance(m.get("retime"), dict) and m["retime"].get("p50_us"))
