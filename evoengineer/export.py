@@ -123,6 +123,7 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
     """The files KernelOp builds from: kernel.json, the recorded source, the family's binding (its own, or generated
     from its signature) with its header, the shim."""
     from evoengineer.compiler.builder import BINDING_INCLUDE
+    from evoengineer.ops.runtime import BINDING_HEADERS
     from evoengineer.compiler.steps import shim_source
 
     build = elite["build"]
@@ -132,7 +133,8 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"kernel{suffix}").write_text(elite["source"])
     (folder / "binding.cpp").write_text(fam.binding.text)
-    shutil.copyfile(BINDING_INCLUDE / "candidate_module.h", folder / "candidate_module.h")
+    for header in BINDING_HEADERS:
+        shutil.copyfile(BINDING_INCLUDE / header, folder / header)
     (folder / "shim.cpp").write_text(shim_source(name, cls.entry, cls.signature_text(build["signature"])))
     kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),

@@ -72,9 +72,11 @@ class Builder(QueuedBuilds):
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
     def __init__(self, space: SearchSpace, *, entry: str, binding: "str | Path | BindingSource", signature: str,
-                 cache_dir: str | Path | None = None, jobs: int | None = None):
+                 cache_dir: str | Path | None = None, jobs: int | None = None, device_only: bool = False):
         """`binding`: the family's binding (Family.binding: its own file or generated from its signature), or a
-        file (under templates/ when relative)."""
+        file (under templates/ when relative). `device_only` (CUDA, a binding that launches cubins): each
+        candidate of the space's template is compiled to a cubin alone (no host compile, no link), which the
+        binding loads and launches."""
         # load_space already refused these; a space made some other way must not reach /bin/sh through ninja either
         for key, flags in (("flags", space.build_flags), ("cuda_flags", space.cuda_flags), ("ldflags", space.ldflags)):
             check_flags(list(flags), str(space.path or space.name), key)
@@ -94,6 +96,7 @@ class Builder(QueuedBuilds):
             self.cuda_cflags = [*(self.cuda_cflags or []), "-DEVO_WITH_CUDA"]
         self.ldflags = list(space.ldflags)
         self.suffix = ".cu" if space.backend == "cuda" else ".cpp"
+        self.device_only = bool(device_only) and space.backend == "cuda"
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None
@@ -124,7 +127,13 @@ class Builder(QueuedBuilds):
 
     def key(self, candidate: Candidate) -> str:
         return _sha({"candidate": candidate.hash, "toolchain": self.toolchain, "binding": self._binding_key(),
-                     "entry": self.entry, "signature": self.signature})[:32]
+                     "entry": self.entry, "signature": self.signature,
+                     **({"device_only": True} if self._device_only(candidate) else {})})[:32]
+
+    def _device_only(self, candidate: Candidate) -> bool:
+        """Device-only builds are for the space's template (whose kernels export what the binding's launcher
+        reads); a fixed kernel of another template (a baseline) keeps its host code."""
+        return self.device_only and candidate.template == self.space.template
 
     def candidate_dir(self, candidate: Candidate) -> Path:
         k = self.key(candidate)
@@ -235,7 +244,7 @@ class Builder(QueuedBuilds):
                "dir": str(self.candidate_dir(candidate)), "suffix": self.suffix,
                "source": candidate.source, "binding": self._binding_job(), "cflags": self.cflags,
                "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags, "arch": self.space.arch,
-               "gate": self._gate_job()}
+               "gate": self._gate_job(), "device_only": self._device_only(candidate)}
         return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
 
     def _start_job(self, payload: tuple[Candidate, dict[str, Any], float]) -> Future:

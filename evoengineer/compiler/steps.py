@@ -161,7 +161,7 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     t0 = time.perf_counter()
     sources, objects = [str(kernel)], []
-    if job["suffix"] == ".cu":
+    if job["suffix"] == ".cu" and not job.get("device_only"):
         # one compile: the object the module links, and on the way the ptxas report the gate reads
         obj = out_dir / "kernel.o"
         compiled = compile_cuda(kernel, obj, flags=cuda_compile_flags(job), nvcc=_nvcc())
@@ -173,6 +173,8 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
             return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
                     "build_s": time.perf_counter() - t0}
         sources, objects = [], [str(obj)]
+    elif job.get("device_only"):
+        return _build_cubin(job, out_dir, kernel, t0)
     shim = out_dir / "shim.cpp"
     write_if_changed(shim, shim_source(name, entry, job["signature"]))
     cpu_before = _cpu_s()
@@ -210,6 +212,44 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "so": str(so), "build_s": build_s, "metrics": metrics}
 
 
+def _build_cubin(job: dict[str, Any], out_dir: Path, kernel: Path, t0: float) -> dict[str, Any]:
+    """A device-only build: the kernel's device code compiled to `kernel.cubin` (its ptxas report gated as an
+    object's is), and the family binding that loads and launches it. `kernel.load.json` says which binding and
+    signature (load_module reads it); nothing is linked or loaded here (a builder has no CUDA context)."""
+    import struct
+
+    from evoengineer.compiler.cubin import cubin_traits
+    from evoengineer.compiler.gate import check_gates, compile_cuda, nvcc_flags
+    from evoengineer.ops.runtime import write_if_changed
+
+    cubin = out_dir / "kernel.cubin"
+    flags = [*nvcc_flags(list(job.get("cuda_cflags") or []), job["arch"])]
+    if not any(f.startswith(("-std=", "--std")) for f in flags):
+        flags.append("-std=c++17")
+    compiled = compile_cuda(kernel, cubin, flags=flags, nvcc=_nvcc(), device_only=True)
+    if compiled["status"] != "ok":
+        return {**compiled, "build_s": time.perf_counter() - t0}
+    metrics: dict[str, Any] = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
+    broken = check_gates(metrics, (job.get("gate") or {}).get("gates", {}))
+    if broken:
+        return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
+                "build_s": time.perf_counter() - t0}
+    try:
+        metrics["launch_traits"] = cubin_traits(cubin)  # what the family's launcher will read (recorded)
+    except (OSError, ValueError, struct.error) as exc:
+        return {"status": "build_error", "reason": f"kernel.cubin: {exc}", "build_s": time.perf_counter() - t0,
+                "metrics": metrics}
+    cpu_before = _cpu_s()
+    binding = _binding_for(job)
+    if binding.get("built"):
+        metrics["binding_cpu_s"] = _cpu_s() - cpu_before
+    if binding["status"] != "ok":
+        return {**binding, "build_s": time.perf_counter() - t0, "metrics": metrics}
+    write_if_changed(out_dir / "kernel.load.json", json.dumps({"binding": binding["so"],
+                                                                "signature": job["signature"]}))
+    return {"status": "ok", "so": str(cubin), "build_s": time.perf_counter() - t0, "metrics": metrics}
+
+
 def _binding_for(job: dict[str, Any]) -> dict[str, Any]:
     """The family binding a candidate links: built by whichever build of this session gets its folder's lock first
     (the others wait there, their kernels already compiled), found by the rest. A failure is noted in the folder
@@ -226,13 +266,32 @@ def _binding_for(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_module(so_path: str, name: str):
-    """Import a built candidate by file path (its module name is baked into PyInit_<name>)."""
+    """Import a built candidate by file path (its module name is baked into PyInit_<name>); a device-only build
+    (a cubin) is loaded on the current CUDA device by the family binding its build names."""
+    if so_path.endswith(".cubin"):
+        return _load_cubin(Path(so_path), name)
     spec = importlib.util.spec_from_file_location(name, so_path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {so_path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_cubin(cubin: Path, name: str):
+    import ctypes
+
+    import torch
+
+    info = json.loads((cubin.parent / "kernel.load.json").read_text())
+    lib = ctypes.PyDLL(info["binding"])  # holds the GIL: the call makes Python objects
+    try:
+        load = lib.evo_binding_load_cubin
+    except AttributeError:
+        raise ImportError(f"{info['binding']}: this family's binding does not load device-only builds") from None
+    load.restype = ctypes.py_object
+    load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    return load(name.encode(), str(cubin).encode(), torch.cuda.current_device(), info["signature"].encode())
 
 
 def safe(fn, job: dict[str, Any]) -> dict[str, Any]:

@@ -148,8 +148,11 @@ class LocalEvaluator(BuildAheadEvaluator):
         self.seed = seed
         jobs = build_jobs or int(self.settings["build_jobs"]) or usable_cpus()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        device_only = bool(getattr(self.task, "device_only", False)) and \
+            os.environ.get("EVOENGINEER_DEVICE_ONLY", "1") != "0"
         self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding,
-                               signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs)
+                               signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs,
+                               device_only=device_only)
         self.worker: WorkerProcess | None = None
         self.workers_started = 0
         self.busy_s = 0.0  # time the device spent on candidates (checks, timing, baselines), for the busy share

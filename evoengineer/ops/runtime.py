@@ -52,6 +52,10 @@ _DTYPES = DTYPES
 _NAMESPACE = "evoengineer"
 
 
+#: the headers every binding includes (templates/bindings/), copied into an exported package
+BINDING_HEADERS = ("candidate_module.h", "cubin_module.h")
+
+
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
@@ -222,8 +226,10 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     if name in _loaded():
         return _loaded()[name]
     sources = [folder / kernel["source_file"], folder / "binding.cpp", folder / "shim.cpp"]
+    # the bindings' shared headers (a package exported before cubin_module.h existed has only the first)
+    headers = [folder / h for h in BINDING_HEADERS if h == BINDING_HEADERS[0] or (folder / h).exists()]
     digest = hashlib.sha256()
-    for p in sources + [folder / "candidate_module.h"]:
+    for p in sources + headers:
         digest.update(p.read_bytes())
     digest.update(json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
                              sort_keys=True).encode())
@@ -234,7 +240,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     # the same kernel then write the same ninja file and find each other's build up to date (ninja tracks paths)
     local = out / "src"
     local.mkdir(exist_ok=True)
-    for p in sources + [folder / "candidate_module.h"]:
+    for p in sources + headers:
         write_if_changed(local / p.name, p.read_bytes())
     sources = [local / p.name for p in sources]
     cuda = build["backend"] == "cuda"

@@ -4,6 +4,7 @@
 // with a ValueError/TypeError naming the argument and both values, any input the kernel was not compiled for.
 
 #include "candidate_module.h"
+#include "cubin_module.h"
 
 #include <memory>
 #include <optional>
@@ -24,13 +25,140 @@ constexpr int kLayoutUnsupported = 7;
 
 // What the kernel was compiled for (the space's signature), plus the index tensors last found valid: the same
 // tensor objects, unmodified since (version counter), are not read back again (on a GPU that read is a sync).
+struct MsdaCubin;
+
 struct MsdaState {
-  MsdaForwardFn fn;
+  MsdaForwardFn fn = nullptr;             // a candidate with host code: its entry point
+  std::shared_ptr<MsdaCubin> cubin;       // a device-only candidate: its cubin and the family's launch of it
   int64_t L, P, D;
   at::ScalarType value_dtype;
   std::string signature;
   EvoCheckedTensor shapes_ok, starts_ok;
 };
+
+#ifdef EVO_WITH_CUDA
+// ---- device-only candidates (issue 52): the launch evo_msda_forward_v2 does in a template with host code, here
+// once for the family, driven by the traits the cubin exports (templates/cuda/msda.cu.j2, EVO_TRAIT)
+struct MsdaParams {  // layout of the template's Params (its size is a trait, checked at load)
+  const void* value;
+  const int64_t* shapes;
+  const int64_t* starts;
+  const float* loc;
+  const float* attn;
+  void* out;
+  int M;
+  unsigned S, Lq, LqM, SM, total_items, total_samples, num_tiles;
+};
+
+struct MsdaCubin {
+  std::shared_ptr<const EvoCubin> module;
+  EvoKernel forward, window, wpipe, head_major;
+  bool has_head_major, branch_free, persistent;
+  int64_t lp, row_bytes, row_pieces, threads, dyn_bytes, win_threads, win_dyn_bytes, wp_threads, wp_dyn_bytes,
+      tile_items;
+
+  MsdaCubin(const std::string& image, int device, const std::string& where)
+      : module(std::make_shared<const EvoCubin>(image, device, where)) {
+    const EvoCubin& m = *module;
+    if (m.trait("params_bytes") != static_cast<int64_t>(sizeof(MsdaParams)))
+      throw std::runtime_error(where + ": its Params is " + std::to_string(m.trait("params_bytes")) +
+                               " bytes, the launcher's " + std::to_string(sizeof(MsdaParams)));
+    has_head_major = m.trait("head_major") != 0;
+    branch_free = m.trait("branch_free") != 0;
+    persistent = m.trait("persistent") != 0;
+    lp = m.trait("lp");
+    row_bytes = m.trait("row_bytes");
+    row_pieces = m.trait("row_pieces");
+    threads = m.trait("threads");
+    dyn_bytes = m.trait("dyn_bytes");
+    tile_items = m.trait("tile_items");
+    win_threads = m.trait("win_threads");
+    win_dyn_bytes = m.trait("win_dyn_bytes");
+    wp_threads = m.trait("wp_threads");
+    wp_dyn_bytes = m.trait("wp_dyn_bytes");
+    forward = EvoKernel(module, m.function("msda_forward_kernel"));
+    if (m.trait("window")) window = EvoKernel(module, m.function("msda_window_kernel"));
+    if (m.trait("wpipe")) wpipe = EvoKernel(module, m.function("msda_wpipe_kernel"));
+    if (has_head_major) head_major = EvoKernel(module, m.function("head_major_kernel"));
+  }
+
+  // The status codes of evo_msda_forward_v2 (0 ok, 1-4 refused sizes / pointers / alignment, 6 workspace needed,
+  // 7 layout unsupported; else a CUDA error).
+  int launch(const void* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
+             const float* sampling_locations, const float* attention_weights, void* output, int64_t N, int64_t S,
+             int64_t M, int64_t Lq, int64_t value_layout, void* workspace, int64_t* workspace_bytes, void* stream) {
+    if (value_layout != 0 && (value_layout != 1 || !has_head_major)) return 7;
+    if (N < 0 || S < 0 || M < 0 || Lq < 0) return 1;
+    if (N == 0 || M == 0 || Lq == 0) return 0;
+    if (S == 0) return 1;
+    if (!value || !spatial_shapes || !level_start_index || !sampling_locations || !attention_weights || !output)
+      return 2;
+    const int64_t total_items = N * Lq * M;
+    const int64_t kLim = 0x7fffffffLL;
+    if (Lq > kLim / M || N > kLim / (Lq * M) || total_items > kLim / (2 * lp) || S > kLim / M || N > kLim / (S * M))
+      return 3;
+    if (branch_free && S * M >= (1LL << 29)) return 3;
+    const auto misaligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) != 0; };
+    if (misaligned(value) || misaligned(output) || misaligned(sampling_locations) || misaligned(attention_weights))
+      return 4;
+    if (has_head_major && value_layout == 0) {
+      const int64_t need = N * S * M * row_bytes;
+      if (!workspace_bytes) return 2;
+      if (!workspace || *workspace_bytes < need || misaligned(workspace)) {
+        *workspace_bytes = need;
+        return 6;
+      }
+      unsigned long long pieces = static_cast<unsigned long long>(N * S * M) * static_cast<unsigned long long>(row_pieces);
+      int sms = 0;
+      const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, module->device());
+      if (e != cudaSuccess) return static_cast<int>(e);
+      const unsigned long long want = (pieces + 255) / 256, cap = static_cast<unsigned long long>(sms) * 8;
+      const void* src = value;
+      void* dst = workspace;
+      unsigned long long s_ull = static_cast<unsigned long long>(S), m_ull = static_cast<unsigned long long>(M);
+      void* args[] = {&src, &dst, &s_ull, &m_ull, &pieces};
+      const int rc = head_major.launch(static_cast<unsigned>(want < cap ? want : cap), 256, 0, stream, args);
+      if (rc != 0) return rc;
+      value = workspace;
+    }
+    MsdaParams p;
+    p.value = value;
+    p.shapes = spatial_shapes;
+    p.starts = level_start_index;
+    p.loc = sampling_locations;
+    p.attn = attention_weights;
+    p.out = output;
+    p.M = static_cast<int>(M);
+    p.S = static_cast<unsigned>(S);
+    p.Lq = static_cast<unsigned>(Lq);
+    p.LqM = static_cast<unsigned>(Lq * M);
+    p.SM = static_cast<unsigned>(S * M);
+    p.total_items = static_cast<unsigned>(total_items);
+    p.total_samples = static_cast<unsigned>(total_items * lp);
+    p.num_tiles = static_cast<unsigned>((total_items + tile_items - 1) / tile_items);
+    void* args[] = {&p};
+    // every value position a query (the encoder's self-attention): a query-window path where the kernel has one
+    // (window metadata codes need S * M < 2^28)
+    EvoKernel* win = window ? &window : (wpipe ? &wpipe : nullptr);
+    if (win != nullptr && Lq == S && S * M < (1LL << 28)) {
+      const int t = static_cast<int>(window ? win_threads : wp_threads);
+      const int dyn = static_cast<int>(window ? win_dyn_bytes : wp_dyn_bytes);
+      int blocks = 0;
+      const int rc = win->resident_grid(t, dyn, blocks);
+      if (rc != 0) return rc;
+      return win->launch(static_cast<unsigned>(blocks), static_cast<unsigned>(t), dyn, stream, args);
+    }
+    unsigned grid = p.num_tiles;
+    if (persistent) {
+      int cap = 0;
+      const int rc = forward.resident_grid(static_cast<int>(threads), static_cast<int>(dyn_bytes), cap);
+      if (rc != 0) return rc;
+      if (static_cast<unsigned>(cap) < grid) grid = static_cast<unsigned>(cap);
+    }
+    return forward.launch(grid, static_cast<unsigned>(threads), static_cast<int>(dyn_bytes), stream, args);
+  }
+};
+#endif  // EVO_WITH_CUDA
 
 void expect(const torch::Tensor& t, const char* name, int64_t dim, const char* layout, const torch::Device& device) {
   EVO_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions ", layout, ", got ", t.dim(), " (shape ",
@@ -85,6 +213,10 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
             const torch::Tensor& out, bool head_major) {
   const auto device = value.device();
   evo_expect_build_device(value, "value");
+#ifdef EVO_WITH_CUDA
+  EVO_CHECK_VALUE(!st.cubin || device.index() == st.cubin->module->device(), "value: on ", device,
+                  ", but this kernel was loaded on cuda:", st.cubin->module->device());
+#endif
   expect(value, "value", 4, head_major ? "[N, M, S, D]" : "[N, S, M, D]", device);
   expect(loc, "sampling_locations", 6, "[N, Lq, M, L, P, 2]", device);
   expect(attn, "attention_weights", 5, "[N, Lq, M, L, P]", device);
@@ -130,6 +262,12 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
   check_levels(st, spatial_shapes, level_start_index, S);
   const int rc = evo_call_on_stream(device, [&](void* stream) {
     return evo_with_workspace(value, [&](void* workspace, int64_t* bytes) {
+#ifdef EVO_WITH_CUDA
+      if (st.cubin)
+        return st.cubin->launch(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(),
+                                level_start_index.data_ptr<int64_t>(), loc.data_ptr<float>(), attn.data_ptr<float>(),
+                                out.data_ptr(), N, S, M, Lq, head_major ? 1 : 0, workspace, bytes, stream);
+#endif
       return st.fn(value.data_ptr(), spatial_shapes.data_ptr<int64_t>(), level_start_index.data_ptr<int64_t>(),
                    loc.data_ptr<float>(), attn.data_ptr<float>(), out.data_ptr(), N, S, M, Lq, head_major ? 1 : 0,
                    workspace, bytes, stream);
@@ -142,32 +280,56 @@ int forward(MsdaState& st, const torch::Tensor& value, const torch::Tensor& spat
 
 }  // namespace
 
+namespace {
+
+// The module's functions over `st` (an entry point's or a cubin's state).
+void define_functions(PyObject* m, const std::shared_ptr<MsdaState>& st) {
+  const auto sig = evo_parse_signature(st->signature.c_str());
+  st->L = evo_signature_int(sig, "L");
+  st->P = evo_signature_int(sig, "P");
+  st->D = evo_signature_int(sig, "D");
+  st->value_dtype = evo_signature_dtype(sig, "VALUE_DTYPE", "float32");
+  const std::vector<std::string> args{"value", "spatial_shapes", "level_start_index", "sampling_locations",
+                                      "attention_weights", "output"};
+  evo_add_function<MsdaState>(m, st, {"forward", args,
+      "Run the candidate kernel (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, "
+      "output); returns its status code (0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
+      [](MsdaState& s, const EvoArgs& a) {
+        return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
+                                      a.tensor(5), false));
+      }});
+  evo_add_function<MsdaState>(m, st, {"forward_head_major", args,
+      "forward() with value already head-major, [N, M, S, D] (no layout copy); ValueError if the kernel reads "
+      "[N, S, M, D] only.",
+      [](MsdaState& s, const EvoArgs& a) {
+        return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
+                                      a.tensor(5), true));
+      }});
+}
+
+}  // namespace
+
 extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_module(const char* name, void* entry,
                                                                                     const char* signature) {
   return evo_make_candidate_module(name, "EvoEngineer MSDA candidate", signature, [&](PyObject* m) {
     auto st = std::make_shared<MsdaState>();
     st->fn = reinterpret_cast<MsdaForwardFn>(entry);
     st->signature = signature;
-    const auto sig = evo_parse_signature(st->signature.c_str());
-    st->L = evo_signature_int(sig, "L");
-    st->P = evo_signature_int(sig, "P");
-    st->D = evo_signature_int(sig, "D");
-    st->value_dtype = evo_signature_dtype(sig, "VALUE_DTYPE", "float32");
-    const std::vector<std::string> args{"value", "spatial_shapes", "level_start_index", "sampling_locations",
-                                        "attention_weights", "output"};
-    evo_add_function<MsdaState>(m, st, {"forward", args,
-        "Run the candidate kernel (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, "
-        "output); returns its status code (0 = ok). Inputs it was not compiled for raise ValueError / TypeError.",
-        [](MsdaState& s, const EvoArgs& a) {
-          return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
-                                        a.tensor(5), false));
-        }});
-    evo_add_function<MsdaState>(m, st, {"forward_head_major", args,
-        "forward() with value already head-major, [N, M, S, D] (no layout copy); ValueError if the kernel reads "
-        "[N, S, M, D] only.",
-        [](MsdaState& s, const EvoArgs& a) {
-          return evo_return_int(forward(s, a.tensor(0), a.tensor(1), a.tensor(2), a.tensor(3), a.tensor(4),
-                                        a.tensor(5), true));
-        }});
+    define_functions(m, st);
   });
 }
+
+#ifdef EVO_WITH_CUDA
+// A device-only candidate (its cubin at `path`, built for `signature`) loaded on CUDA device `device`, as a module
+// with the same functions; ImportError naming the file when it does not load (called through ctypes.PyDLL).
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_load_cubin(const char* name, const char* path,
+                                                                                   int device, const char* signature) {
+  return evo_make_candidate_module(name, "EvoEngineer MSDA candidate (device-only build)", signature,
+                                   [&](PyObject* m) {
+    auto st = std::make_shared<MsdaState>();
+    st->cubin = std::make_shared<MsdaCubin>(evo_read_file(path), device, path);
+    st->signature = signature;
+    define_functions(m, st);
+  });
+}
+#endif

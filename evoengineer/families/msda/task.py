@@ -325,6 +325,7 @@ class MSDATask(Family):
     entry = "evo_msda_forward_v2"
     function = "ms_deform_attn"
     binding_file = "binding.cpp"
+    device_only = True  # CUDA candidates: a cubin each, launched by the binding (msda_cubin_forward)
     #: the exported op: its adapter (torch only) and the files it needs, copied into an exported package
     op_module, op_class, op_files = "op.py", "MsdaOp", ("reference.py",)
     templates = ("cuda/msda.cu.j2", "cuda/msda_classic.cu.j2", "cpu/msda.cpp.j2")

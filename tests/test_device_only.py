@@ -1,0 +1,57 @@
+"""Device-only builds (issue 52), the part that needs no GPU: a CUDA MSDA candidate compiled to a cubin alone gives
+the ptxas report its host-and-device compile gives (the static gate reads it unchanged), and exports the launch
+traits its family's launcher reads, with the values its genes imply (read from the cubin on the CPU). Skipped
+without nvcc."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evoengineer.candidate import CandidateFactory
+from evoengineer.compiler.cubin import cubin_traits
+from evoengineer.compiler.gate import compile_cuda, nvcc_flags
+from evoengineer.space import load_space, resolve_space_arg
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU)")
+
+
+@pytest.mark.parametrize("space_name,seed", [("cuda_msda_fp16", 3), ("cuda_msda_fp32", 4)])
+def test_a_cubin_has_the_report_of_todays_build_and_the_traits_of_its_genes(tmp_path: Path, space_name: str,
+                                                                            seed: int):
+    from evoengineer.compiler.steps import cuda_compile_flags
+
+    space = load_space(resolve_space_arg(space_name))
+    factory = CandidateFactory(space)
+    rng = random.Random(seed)
+    cuda_flags = [*space.cuda_flags, "-DEVO_WITH_CUDA"]
+    for k in range(2):
+        c = factory.from_genome(space.random_valid_genome(rng))
+        src = tmp_path / f"k{k}.cu"
+        src.write_text(c.source)
+        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags({"cuda_cflags": cuda_flags,
+                                                                                  "arch": space.arch}))
+        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=[*nvcc_flags(cuda_flags, space.arch), "-std=c++17"],
+                           device_only=True)
+        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
+        assert dev["report"] == host["report"], c.params
+        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        p = c.params
+        window = p["WINDOW_TILE"] > 0
+        assert t["params_bytes"] == 80  # the binding's MsdaParams
+        assert t["threads"] == 32 * p["NUM_WARPS"] and t["tile_items"] == 8 * p["QUERIES_PER_BLOCK"]
+        assert t["lp"] == space.signature["L"] * space.signature["P"]
+        assert (t["head_major"], t["persistent"], t["branch_free"]) == (p["HEAD_MAJOR"], p["PERSISTENT"],
+                                                                         p["BRANCH_FREE"])
+        assert (t["window"], t["wpipe"]) == (window and p["WINDOW_STAGES"] == 0, window and p["WINDOW_STAGES"] > 0)
+        assert t["row_bytes"] == space.signature["D"] * (4 if space.signature["VALUE_DTYPE"] == "float32" else 2)
+
+
+def test_traits_of_something_that_is_not_a_cubin(tmp_path: Path):
+    bad = tmp_path / "x.cubin"
+    bad.write_bytes(b"not an ELF file")
+    with pytest.raises(ValueError, match="not a little-endian ELF64 file"):
+        cubin_traits(bad)
