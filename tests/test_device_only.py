@@ -13,7 +13,7 @@ import pytest
 
 from evoengineer.candidate import CandidateFactory
 from evoengineer.compiler.cubin import cubin_traits
-from evoengineer.compiler.gate import compile_cuda, nvcc_flags
+from evoengineer.compiler.gate import compile_cuda
 from evoengineer.space import load_space, resolve_space_arg
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU)")
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc
 @pytest.mark.parametrize("space_name,seed", [("cuda_msda_fp16", 3), ("cuda_msda_fp32", 4)])
 def test_a_cubin_has_the_report_of_todays_build_and_the_traits_of_its_genes(tmp_path: Path, space_name: str,
                                                                             seed: int):
-    from evoengineer.compiler.steps import cuda_compile_flags
+    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
 
     space = load_space(resolve_space_arg(space_name))
     factory = CandidateFactory(space)
@@ -32,10 +32,9 @@ def test_a_cubin_has_the_report_of_todays_build_and_the_traits_of_its_genes(tmp_
         c = factory.from_genome(space.random_valid_genome(rng))
         src = tmp_path / f"k{k}.cu"
         src.write_text(c.source)
-        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags({"cuda_cflags": cuda_flags,
-                                                                                  "arch": space.arch}))
-        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=[*nvcc_flags(cuda_flags, space.arch), "-std=c++17"],
-                           device_only=True)
+        job = {"cuda_cflags": cuda_flags, "arch": space.arch}
+        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
+        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
         assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
         assert dev["report"] == host["report"], c.params
         t = cubin_traits(tmp_path / f"k{k}.cubin")

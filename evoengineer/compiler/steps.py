@@ -137,6 +137,19 @@ def cuda_compile_flags(job: dict[str, Any]) -> list[str]:
     return flags
 
 
+def cubin_compile_flags(job: dict[str, Any]) -> list[str]:
+    """nvcc flags of a device-only build: those of `cuda_compile_flags` that reach the device code (cpp_extension's
+    common nvcc flags, the space's target and flags), so its cubin is the device code of a host-code build."""
+    from torch.utils import cpp_extension
+
+    from evoengineer.compiler.gate import nvcc_flags
+
+    flags = [*cpp_extension.COMMON_NVCC_FLAGS, *nvcc_flags(list(job.get("cuda_cflags") or []), job["arch"])]
+    if not any(f.startswith(("-std=", "--std")) for f in flags):
+        flags.append("-std=c++17")
+    return flags
+
+
 def _nvcc() -> str | None:
     from torch.utils import cpp_extension
 
@@ -219,14 +232,11 @@ def _build_cubin(job: dict[str, Any], out_dir: Path, kernel: Path, t0: float) ->
     import struct
 
     from evoengineer.compiler.cubin import cubin_traits
-    from evoengineer.compiler.gate import check_gates, compile_cuda, nvcc_flags
+    from evoengineer.compiler.gate import check_gates, compile_cuda
     from evoengineer.ops.runtime import write_if_changed
 
     cubin = out_dir / "kernel.cubin"
-    flags = [*nvcc_flags(list(job.get("cuda_cflags") or []), job["arch"])]
-    if not any(f.startswith(("-std=", "--std")) for f in flags):
-        flags.append("-std=c++17")
-    compiled = compile_cuda(kernel, cubin, flags=flags, nvcc=_nvcc(), device_only=True)
+    compiled = compile_cuda(kernel, cubin, flags=cubin_compile_flags(job), nvcc=_nvcc(), device_only=True)
     if compiled["status"] != "ok":
         return {**compiled, "build_s": time.perf_counter() - t0}
     metrics: dict[str, Any] = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
@@ -283,8 +293,11 @@ def _load_cubin(cubin: Path, name: str):
 
     import torch
 
-    info = json.loads((cubin.parent / "kernel.load.json").read_text())
-    lib = ctypes.PyDLL(info["binding"])  # holds the GIL: the call makes Python objects
+    try:
+        info = json.loads((cubin.parent / "kernel.load.json").read_text())
+        lib = ctypes.PyDLL(str(info["binding"]))  # holds the GIL: the call makes Python objects
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ImportError(f"{cubin}: its binding does not load: {exc}") from None
     try:
         load = lib.evo_binding_load_cubin
     except AttributeError:

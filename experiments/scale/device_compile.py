@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from evoengineer.candidate import CandidateFactory
-    from evoengineer.compiler.gate import nvcc_flags
-    from evoengineer.compiler.steps import cuda_compile_flags
+    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
     from evoengineer.space import load_space, resolve_space_arg
 
     nvcc = shutil.which("nvcc")
@@ -138,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         factory = CandidateFactory(space)
         rng = random.Random(a.seed)
         cands = [factory.from_genome(space.random_valid_genome(rng)) for _ in range(a.genomes)]
-        dev = [*nvcc_flags([*space.cuda_flags, "-DEVO_WITH_CUDA"], space.arch), "-std=c++17"]
         job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
-        today = cuda_compile_flags(job)
+        today, dev = cuda_compile_flags(job), cubin_compile_flags(job)
 
         def one(k: int, c) -> dict:
             d = work / f"{space_name}_{k}"

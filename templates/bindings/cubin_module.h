@@ -42,7 +42,12 @@ struct EvoDriver {
   static void entry(F& slot, const char* name, int version) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
     const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found);
+#else  // before CUDA 12.5: the entry point of the runtime's own driver version
+    (void)version;
+    const cudaError_t e = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
     if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr)
       throw std::runtime_error(std::string("CUDA driver entry point ") + name + " not found (driver too old?)");
     slot = reinterpret_cast<F>(fn);
