@@ -162,7 +162,6 @@ def _nvcc() -> str | None:
 def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     from torch.utils import cpp_extension
 
-    from evoengineer.compiler.gate import check_gates, compile_cuda
     from evoengineer.ops.runtime import write_if_changed
 
     _set_arch(job)
@@ -174,26 +173,18 @@ def _build_candidate(job: dict[str, Any]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     t0 = time.perf_counter()
     sources, objects = [str(kernel)], []
-    if job["suffix"] == ".cu" and not job.get("device_only"):
+    if job["suffix"] == ".cu" and job.get("device_only"):
+        return _build_cubin(job, out_dir, kernel, t0)
+    if job["suffix"] == ".cu":
         # one compile: the object the module links, and on the way the ptxas report the gate reads
         obj = out_dir / "kernel.o"
-        compiled = compile_cuda(kernel, obj, flags=cuda_compile_flags(job), nvcc=_nvcc())
-        if compiled["status"] != "ok":
-            return {**compiled, "build_s": time.perf_counter() - t0}
-        metrics = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
-        broken = check_gates(metrics, (job.get("gate") or {}).get("gates", {}))
-        if broken:
-            return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
-                    "build_s": time.perf_counter() - t0}
+        failed, metrics = _compile_gated(job, kernel, obj, t0, device_only=False)
+        if failed:
+            return failed
         sources, objects = [], [str(obj)]
-    elif job.get("device_only"):
-        return _build_cubin(job, out_dir, kernel, t0)
     shim = out_dir / "shim.cpp"
     write_if_changed(shim, shim_source(name, entry, job["signature"]))
-    cpu_before = _cpu_s()
-    binding = _binding_for(job)
-    if binding.get("built"):
-        metrics["binding_cpu_s"] = _cpu_s() - cpu_before
+    binding = _binding_measured(job, metrics)
     if binding["status"] != "ok":
         return {**binding, "build_s": time.perf_counter() - t0, "metrics": metrics}
     binding_dir = str(Path(binding["so"]).parent)
@@ -232,32 +223,50 @@ def _build_cubin(job: dict[str, Any], out_dir: Path, kernel: Path, t0: float) ->
     import struct
 
     from evoengineer.compiler.cubin import cubin_traits
-    from evoengineer.compiler.gate import check_gates, compile_cuda
     from evoengineer.ops.runtime import write_if_changed
 
     cubin = out_dir / "kernel.cubin"
-    compiled = compile_cuda(kernel, cubin, flags=cubin_compile_flags(job), nvcc=_nvcc(), device_only=True)
-    if compiled["status"] != "ok":
-        return {**compiled, "build_s": time.perf_counter() - t0}
-    metrics: dict[str, Any] = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
-    broken = check_gates(metrics, (job.get("gate") or {}).get("gates", {}))
-    if broken:
-        return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
-                "build_s": time.perf_counter() - t0}
+    failed, metrics = _compile_gated(job, kernel, cubin, t0, device_only=True)
+    if failed:
+        return failed
     try:
         metrics["launch_traits"] = cubin_traits(cubin)  # what the family's launcher will read (recorded)
     except (OSError, ValueError, struct.error) as exc:
         return {"status": "build_error", "reason": f"kernel.cubin: {exc}", "build_s": time.perf_counter() - t0,
                 "metrics": metrics}
-    cpu_before = _cpu_s()
-    binding = _binding_for(job)
-    if binding.get("built"):
-        metrics["binding_cpu_s"] = _cpu_s() - cpu_before
+    binding = _binding_measured(job, metrics)
     if binding["status"] != "ok":
         return {**binding, "build_s": time.perf_counter() - t0, "metrics": metrics}
     write_if_changed(out_dir / "kernel.load.json", json.dumps({"binding": binding["so"],
                                                                 "signature": job["signature"]}))
     return {"status": "ok", "so": str(cubin), "build_s": time.perf_counter() - t0, "metrics": metrics}
+
+
+def _compile_gated(job: dict[str, Any], kernel: Path, out: Path, t0: float, *,
+                   device_only: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """nvcc of `kernel` into `out` (an object with host code, or a cubin), its ptxas report against the space's
+    gates: (the build's failed result, or None; the report and compile CPU as metrics)."""
+    from evoengineer.compiler.gate import check_gates, compile_cuda
+
+    flags = cubin_compile_flags(job) if device_only else cuda_compile_flags(job)
+    compiled = compile_cuda(kernel, out, flags=flags, nvcc=_nvcc(), device_only=device_only)
+    if compiled["status"] != "ok":
+        return {**compiled, "build_s": time.perf_counter() - t0}, {}
+    metrics = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}
+    broken = check_gates(metrics, (job.get("gate") or {}).get("gates", {}))
+    if broken:
+        return {"status": "gate_failed", "reason": broken, "metrics": metrics, "log": compiled.get("log", ""),
+                "build_s": time.perf_counter() - t0}, metrics
+    return None, metrics
+
+
+def _binding_measured(job: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The family binding (_binding_for); the CPU it took when this build made it goes to `binding_cpu_s`."""
+    cpu_before = _cpu_s()
+    binding = _binding_for(job)
+    if binding.get("built"):
+        metrics["binding_cpu_s"] = _cpu_s() - cpu_before
+    return binding
 
 
 def _binding_for(job: dict[str, Any]) -> dict[str, Any]:
