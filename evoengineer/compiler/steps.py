@@ -116,30 +116,9 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def cuda_compile_flags(job: dict[str, Any]) -> list[str]:
-    """nvcc flags for a candidate's kernel object, as cpp_extension would compile it (its common nvcc flags, -fPIC,
-    the torch and Python include folders, the space's target and flags), so the object and its ptxas report are
-    those of the module the search measures and an exported package rebuilds."""
-    import sysconfig
-
-    from torch.utils import cpp_extension
-
-    from evoengineer.compiler.gate import nvcc_flags
-
-    cuda_flags = list(job.get("cuda_cflags") or [])
-    flags = [*cpp_extension.COMMON_NVCC_FLAGS, "-Xcompiler", "-fPIC", *nvcc_flags(cuda_flags, job["arch"])]
-    if not any(f.startswith(("-std=", "--std")) for f in flags):
-        flags.append("-std=c++17")
-    for inc in [*cpp_extension.include_paths(), sysconfig.get_path("include", scheme="posix_prefix")]:
-        flags += ["-isystem", inc]
-    if os.environ.get("CC"):
-        flags = ["-ccbin", os.environ["CC"], *flags]
-    return flags
-
-
 def cubin_compile_flags(job: dict[str, Any]) -> list[str]:
-    """nvcc flags of a device-only build: those of `cuda_compile_flags` that reach the device code (cpp_extension's
-    common nvcc flags, the space's target and flags), so its cubin is the device code of a host-code build."""
+    """nvcc flags that reach a candidate's device code: cpp_extension's common nvcc flags, the space's target and
+    flags. A device-only build compiles with these alone, so its cubin is the device code of a host-code build."""
     from torch.utils import cpp_extension
 
     from evoengineer.compiler.gate import nvcc_flags
@@ -147,6 +126,22 @@ def cubin_compile_flags(job: dict[str, Any]) -> list[str]:
     flags = [*cpp_extension.COMMON_NVCC_FLAGS, *nvcc_flags(list(job.get("cuda_cflags") or []), job["arch"])]
     if not any(f.startswith(("-std=", "--std")) for f in flags):
         flags.append("-std=c++17")
+    return flags
+
+
+def cuda_compile_flags(job: dict[str, Any]) -> list[str]:
+    """nvcc flags for a candidate's kernel object, as cpp_extension would compile it (the device flags above, -fPIC,
+    the torch and Python include folders), so the object and its ptxas report are those of the module the search
+    measures and an exported package rebuilds."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    flags = [*cubin_compile_flags(job), "-Xcompiler", "-fPIC"]
+    for inc in [*cpp_extension.include_paths(), sysconfig.get_path("include", scheme="posix_prefix")]:
+        flags += ["-isystem", inc]
+    if os.environ.get("CC"):
+        flags = ["-ccbin", os.environ["CC"], *flags]
     return flags
 
 
