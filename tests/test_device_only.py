@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,11 @@ def test_a_cubin_has_the_report_of_todays_build_and_the_traits_of_its_genes(tmp_
         dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
         assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
         assert dev["report"] == host["report"], c.params
+        # the host object defines the traits it registers (a host-code build links: an `extern` trait did not)
+        if shutil.which("nm"):
+            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
+                                       check=True).stdout
+            assert "evo_trait_" not in undefined, undefined
         t = cubin_traits(tmp_path / f"k{k}.cubin")
         p = c.params
         window = p["WINDOW_TILE"] > 0

@@ -195,9 +195,11 @@ def test_gpu_faults_are_isolated(tmp_path: Path, build_cache: Path, monkeypatch)
     doc = json.loads((d / "elite.json").read_text())
     if find_tool() is None:
         pytest.skip("compute-sanitizer not found: the race passes every numerical check")
-    # the race is caught by racecheck, or by the numbers first where it shows (it does on some H200s)
+    # the race is caught by racecheck, or by the numbers first where it shows (it does on some H200s): a wrong answer,
+    # or two runs on the same inputs that differ
     assert (got["smem_race"][0] == "sanitizer_error" and "racecheck" in got["smem_race"][1]) or \
-        (got["smem_race"][0] == "wrong" and "max abs err" in got["smem_race"][1]), got["smem_race"]
+        (got["smem_race"][0] == "wrong" and ("max abs err" in got["smem_race"][1]
+                                             or got["smem_race"][1].startswith("nondeterministic"))), got["smem_race"]
     assert [e["params"]["FAULT"] for e in doc["elites"]] == ["none"]
     (elite,) = doc["elites"]
     assert elite["certified"] is True and elite["sanitizer"]["status"] == "clean"

@@ -13,3 +13,4 @@ timeout -s INT -k 20 ${LIMIT:-560} python3 experiments/scale/async_search.py --b
   | tee "$OUT/async_search.log" | tail -30
 cp experiments/scale/results/async_search_gpus"$n".* "$OUT"/ 2>/dev/null
 mkdir -p "$OUT/logs" && cp /tmp/evo-async-*/*.log "$OUT/logs/" 2>/dev/null  # also after a cut-short run
+[ -n "${COPY_DB:-}" ] && cp /tmp/evo-async-*/*.db "$OUT/logs/" 2>/dev/null  # the runs' stores (per-phase metrics)
