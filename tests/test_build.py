@@ -128,3 +128,20 @@ def test_a_build_killed_mid_way_does_not_block_the_next(faults_dir: Path, build_
         assert r.status == "ok" and not r.cached and not (d / "lock").exists()
     finally:
         b.close()
+
+
+def test_a_gpu_spaces_worker_has_a_few_unpinned_threads(monkeypatch):
+    """OpenMP binding puts every GPU worker's main thread of a host on one core (issue 51): only CPU kernels are
+    timed with pinned threads; a GPU space's worker gets GPU_WORKER_THREADS (or EVOENGINEER_WORKER_THREADS)."""
+    from evoengineer.evaluators.local import GPU_WORKER_THREADS, PINNING, worker_env
+
+    monkeypatch.setenv("OMP_PROC_BIND", "spread")
+    monkeypatch.delenv("OMP_PLACES", raising=False)
+    monkeypatch.delenv("EVOENGINEER_WORKER_THREADS", raising=False)
+    cpu = worker_env(cpu_kernels=True)
+    assert cpu["OMP_PROC_BIND"] == "spread" and cpu["OMP_PLACES"] == PINNING["OMP_PLACES"]  # the user's choice kept
+    gpu = worker_env(cpu_kernels=False)
+    assert not any(k in gpu for k in PINNING)
+    assert 1 <= int(gpu["OMP_NUM_THREADS"]) <= GPU_WORKER_THREADS
+    monkeypatch.setenv("EVOENGINEER_WORKER_THREADS", "2")
+    assert worker_env(cpu_kernels=False)["OMP_NUM_THREADS"] == "2"

@@ -26,6 +26,28 @@ from evoengineer.tasks.base import get_task
 
 
 PINNING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+#: CPU threads of a GPU space's measuring worker (its own CPU work: fresh inputs, host-side checks). Its OpenMP
+#: threads are not pinned: bound threads put every worker's main thread of a host on its first core (4 GPU workers
+#: measured 3.5x slower per candidate beside the compilers, issue 51), and 64 spinning threads per worker take the
+#: cores the builds need. EVOENGINEER_WORKER_THREADS overrides.
+GPU_WORKER_THREADS = 4
+
+
+def worker_env(*, cpu_kernels: bool) -> dict[str, str]:
+    """The environment of a measuring worker: CPU kernels time with OpenMP threads pinned to cores (unless the user
+    chose otherwise: a thread that migrates mid-measurement is noise, not the kernel); a GPU space's worker gets a
+    few unpinned threads (GPU_WORKER_THREADS)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if cpu_kernels:
+        for key, value in PINNING.items():
+            env.setdefault(key, value)
+    else:
+        threads = env.get("EVOENGINEER_WORKER_THREADS") or str(min(GPU_WORKER_THREADS, usable_cpus()))
+        for key in PINNING:
+            env.pop(key, None)
+        env["OMP_NUM_THREADS"] = env["EVOENGINEER_WORKER_THREADS"] = threads
+    return env
 
 
 class WorkerFailure(Exception):
@@ -40,14 +62,9 @@ class WorkerFailure(Exception):
 class WorkerProcess:
     """One measurement subprocess in its own session (so Ctrl-C and kills stay contained)."""
 
-    def __init__(self, init: dict[str, Any], init_timeout_s: float):
+    def __init__(self, init: dict[str, Any], init_timeout_s: float, *, cpu_kernels: bool = True):
         self.log = tempfile.NamedTemporaryFile(prefix="evo-worker-", suffix=".log", delete=False)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        # CPU kernels time with OpenMP threads pinned to cores (unless the user chose otherwise): a thread that
-        # migrates mid-measurement is noise, not the kernel
-        for key, value in PINNING.items():
-            env.setdefault(key, value)
+        env = worker_env(cpu_kernels=cpu_kernels)
         self.proc = subprocess.Popen([sys.executable, "-m", "evoengineer.evaluators.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True)
         self._buf = b""
@@ -216,7 +233,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
                 "seed": self.seed * 1000 + self.workers_started, "cache_dir": str(self.cache_dir)}
         timeout = float(self.settings["init_timeout_s"])
-        worker = WorkerProcess(init, timeout)
+        worker = WorkerProcess(init, timeout, cpu_kernels=self.space.backend == "cpu")
         try:
             reply = worker.request({"cmd": "baselines", "baselines": self._baselines()}, timeout)
             if not reply.get("ok"):

@@ -772,6 +772,7 @@ def main() -> None:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # kernel printf and Python prints go to stderr
     session: Session | None = None
+    profile = _Profile.from_env()
 
     def reply(obj: dict[str, Any]) -> None:
         proto.write(json.dumps(obj) + "\n")
@@ -792,7 +793,9 @@ def main() -> None:
                 reply({"ok": True})
             elif msg["cmd"] == "eval":
                 assert session is not None, "eval before init"
-                reply(session.evaluate(msg))
+                with profile:
+                    out = session.evaluate(msg)
+                reply(out)
             elif msg["cmd"] == "retime":
                 assert session is not None, "retime before init"
                 reply(session.retime(msg))
@@ -803,6 +806,44 @@ def main() -> None:
             reply(r)
             if r["fatal"]:  # a sticky CUDA error poisons the context: let the parent start a fresh worker
                 break
+    profile.write()
+
+
+class _Profile:
+    """With EVOENGINEER_WORKER_PROFILE=DIR, where a worker's time on candidates goes (cProfile around each "eval";
+    the top functions by cumulative time, as text, in DIR/worker-PID.txt when the worker ends). A diagnostic."""
+
+    def __init__(self, out_dir: str | None):
+        import cProfile
+
+        self.out_dir = out_dir
+        self.prof = cProfile.Profile() if out_dir else None
+        self.evals = 0
+
+    @classmethod
+    def from_env(cls) -> "_Profile":
+        return cls(os.environ.get("EVOENGINEER_WORKER_PROFILE") or None)
+
+    def __enter__(self) -> None:
+        if self.prof is not None:
+            self.evals += 1
+            self.prof.enable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.prof is not None:
+            self.prof.disable()
+
+    def write(self) -> None:
+        if self.prof is None or not self.evals:
+            return
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        buf.write(f"{self.evals} candidates\n")
+        pstats.Stats(self.prof, stream=buf).sort_stats("cumulative").print_stats(70)
+        Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.out_dir) / f"worker-{os.getpid()}.txt").write_text(buf.getvalue())
 
 
 def runtime_error(exc: BaseException) -> dict[str, Any]:

@@ -46,11 +46,17 @@ def visible_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def first_candidate_s(db: Path, started: float) -> float | None:
-    """Seconds from the command's start to the first stored candidate (the store's UTC timestamp)."""
+#: what a candidate ends as before it reaches a GPU (the first candidate "measured" is none of these)
+HOST_ONLY = ("compile_error", "gate_failed", "build_error", "link_error", "skipped")
+
+
+def first_candidate_s(db: Path, started: float, *, measured: bool = True) -> float | None:
+    """Seconds from the command's start to the first candidate a GPU measured (`measured`: its status is not one of
+    the host's, HOST_ONLY), or to the first stored at all (the store's UTC timestamp)."""
     con = sqlite3.connect(db)
     try:
-        row = con.execute("select min(finished_at) from candidates").fetchone()
+        where = f"where status not in ({', '.join('?' * len(HOST_ONLY))})" if measured else ""
+        row = con.execute(f"select min(finished_at) from candidates {where}", HOST_ONLY if measured else ()).fetchone()
     finally:
         con.close()
     if not row or not row[0]:
@@ -94,7 +100,8 @@ def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path
     metrics = [json.loads(m) for (m,) in con.execute("select metrics from candidates where status = 'ok'")
                if m]
     con.close()
-    out.update(evaluations=n, per_min_command=round(60 * n / wall, 1), first_candidate_s=first_candidate_s(db, started))
+    out.update(evaluations=n, per_min_command=round(60 * n / wall, 1), first_candidate_s=first_candidate_s(db, started),
+               first_stored_s=first_candidate_s(db, started, measured=False))
     # where a measured candidate's GPU-worker time goes (median seconds per phase, and in all), and its build
     phases: dict[str, list[float]] = {}
     for m in metrics:
