@@ -270,8 +270,8 @@ class Family(ABC):
     function: str = ""
     #: a binding of the family's own, relative to the family's module (default: generated from the signature)
     binding_file: str = ""
-    #: CUDA: the binding loads and launches device-only builds (`evo_binding_load_cubin`): with
-    #: EVOENGINEER_DEVICE_ONLY=1 candidates compile to a cubin alone, no host code, no link (issue 52, in progress)
+    #: CUDA: the binding loads and launches device-only builds (`evo_binding_load_cubin`): candidates compile to a
+    #: cubin alone, no host code, no link (issue 52; EVOENGINEER_DEVICE_ONLY=0 builds host code instead)
     device_only: bool = False
     #: shape-table keys beyond the signature's sizes (values kept on the Shape), with no default
     shape_keys: tuple[str, ...] = ()
