@@ -60,3 +60,55 @@ def test_traits_of_something_that_is_not_a_cubin(tmp_path: Path):
     bad.write_bytes(b"not an ELF file")
     with pytest.raises(ValueError, match="not a little-endian ELF64 file"):
         cubin_traits(bad)
+
+
+@pytest.mark.parametrize("space_name,seed", [("decode_fp8kv_d128_paged", 1), ("decode_fp16_d128", 2)])
+def test_a_decode_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_path: Path, space_name: str, seed: int):
+    """The decode family's device-only builds: the same ptxas report as the host-code build, the kernels under the
+    C names the binding's DecodeCubin looks up, and the traits of the genes, with Params laid out as the launcher
+    writes it (the members up to box_shift, then the optional ones at their offsets). Every load path and combine is
+    drawn at least once over the spaces' draws."""
+    from evoengineer.compiler.cubin import cubin_traits
+    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
+
+    space = load_space(resolve_space_arg(space_name))
+    factory = CandidateFactory(space)
+    rng = random.Random(seed)
+    valid = space.valid_genomes()
+    picks = []
+    for path, combine in (("tma", "cluster"), ("bulk", "dependent"), ("cp_async", "in_kernel")):
+        fits = [g for g in valid if space.genome_to_params(g)["LOAD_PATH"] == path
+                and space.genome_to_params(g)["COMBINE"] == combine]
+        if fits:
+            picks.append(rng.choice(fits))
+    job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
+    paged = space.signature.get("KV_LAYOUT") == "paged"
+    for k, g in enumerate(picks):
+        c = factory.from_genome(g)
+        p = c.params
+        src = tmp_path / f"k{k}.cu"
+        src.write_text(c.source)
+        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
+        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
+        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
+        assert dev["report"] == host["report"], p
+        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        assert t["threads"] == 32 * p["NUM_WARPS"] and t["block_n"] == p["BLOCK_N"]
+        assert t["head_dim"] == space.signature["HEAD_DIM"] and t["paged"] == paged
+        assert t["fp8"] == (space.signature["KV_DTYPE"] == "float8_e4m3")
+        assert (t["tma"], t["combine_cluster"]) == (p["LOAD_PATH"] == "tma", p["COMBINE"] == "cluster")
+        assert t["combine_in_kernel"] == (p["COMBINE"] == "in_kernel")
+        assert t["off_box_shift"] == 144  # DecodeParamsHead: 11 pointers, 15 ints and a float before it (LP64)
+        assert (t["off_cluster"] >= 148) == (p["COMBINE"] == "cluster")
+        if p["LOAD_PATH"] == "tma":
+            assert t["off_tm_k"] % 64 == 0 and t["off_tm_v"] == t["off_tm_k"] + 128
+            assert t["params_bytes"] == t["off_tm_v"] + 128
+        else:
+            assert t["off_tm_k"] == t["off_tm_v"] == -1
+        assert 148 <= t["params_bytes"] <= 1024  # DecodeCubin::kParamsCapacity
+        if shutil.which("nm"):
+            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
+                                       check=True).stdout
+            assert "evo_trait_" not in undefined, undefined
+        image = (tmp_path / f"k{k}.cubin").read_bytes()  # the kernels' C names in its symbol strings
+        assert b"evo_decode_kernel\0" in image and b"evo_decode_combine_kernel\0" in image

@@ -93,3 +93,25 @@ def test_worker_killed_from_outside_is_replaced(faults_dir: Path, build_cache: P
         ok = ev.evaluate(healthy)
         assert ok.status == "ok", ok
         assert ev.worker is not None and ev.worker.pid != victim and ev.workers_started == 2
+
+
+def test_the_evaluator_says_when_each_step_of_its_start_was_done(faults_dir: Path, build_cache: Path):
+    """The final line's `start:` (issue 51): the measuring worker started, the baselines built, the worker ready,
+    the first candidate measured, in that order, in seconds from the evaluator's creation."""
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.evaluators.local import LocalEvaluator
+    from evoengineer.search.progress import ProgressPrinter
+    from evoengineer.space import load_space
+
+    space = load_space(faults_dir / "faults_space.toml")
+    healthy = CandidateFactory(space).make({"FAULT": "none", "D_VEC": 8})
+    with LocalEvaluator(space, cache_dir=build_cache, build_jobs=2) as ev:
+        assert ev.evaluate(healthy).status == "ok"
+        marks = ev.start_timeline()
+    steps = [k for k in marks if k != "binding built"]
+    assert steps == ["worker started", "baselines built", "worker ready", "first measured"], marks
+    assert all(0 < s < 600 for s in marks.values())
+    assert list(marks.values()) == sorted(marks.values())
+    line = ProgressPrinter._start(type("R", (), {"evaluator": ev})())
+    assert line.startswith(" | start: ") and "worker ready" in line
+    assert line.endswith(f"first measured {marks['first measured']:.1f} s")

@@ -1,7 +1,8 @@
-"""Device-only MSDA builds on a GPU (issue 52; skipped without CUDA): genomes of every launch path (registers,
-shared metadata, persistent grids, staged values, the small-level cache, head-major value through its workspace,
-the query-window paths 4 and 5) built as a cubin each and launched by the family binding pass every check, and time
-as the same genomes built with host code do (one evaluator each, in turn)."""
+"""Device-only builds on a GPU (issue 52; skipped without CUDA): genomes of every launch path built as a cubin each
+and launched by the family binding pass every check, and time as the same genomes built with host code do (one
+evaluator each, in turn). MSDA: registers, shared metadata, persistent grids, staged values, the small-level cache,
+head-major value through its workspace, the query-window paths 4 and 5. Decode: every load path x combine (TMA maps
+of a contiguous cache and of a page pool, clusters, programmatic dependent launches)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,46 @@ def test_device_only_msda_builds_pass_the_checks_and_keep_their_time(build_cache
         t_host = min(m.time_us for m in host)
         t_dev = min(m.time_us for m in dev)
         print(f"{c.hash[:10]} host-code build {t_host:.2f} us, device-only {t_dev:.2f} us ({t_dev / t_host:.3f})")
+        assert 0.9 < t_dev / t_host < 1.1, (c.params, t_host, t_dev)
+
+
+def _decode_picks(space, rnd: random.Random) -> list:
+    """A genome of each of these load path x combine pairs the space allows: every load path (TMA maps of a
+    contiguous cache or of a page pool) and every combine (clusters, programmatic-dependent, in-kernel, separate)."""
+    valid = space.valid_genomes()
+    picks = []
+    for path, combine in (("tma", "cluster"), ("tma", "separate"), ("bulk", "dependent"), ("cp_async", "in_kernel"),
+                          ("bulk", "separate")):
+        fits = [g for g in valid if space.genome_to_params(g)["LOAD_PATH"] == path
+                and space.genome_to_params(g)["COMBINE"] == combine]
+        if fits:
+            picks.append(rnd.choice(fits))
+    return picks
+
+
+@pytest.mark.parametrize("space_name", ["decode_fp8kv_d128_paged", "decode_fp16_d128"])
+def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
+                                                                      space_name: str):
+    from evoengineer.evaluators.local import LocalEvaluator
+
+    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    factory = CandidateFactory(space)
+    cands = [factory.from_genome(g) for g in _decode_picks(space, random.Random(7))]
+    results = {}
+    for mode in ("0", "1", "0", "1"):
+        monkeypatch.setenv("EVOENGINEER_DEVICE_ONLY", mode)
+        with LocalEvaluator(space, cache_dir=build_cache) as ev:
+            assert ev.builder.device_only == (mode == "1")
+            for c, m in ev.evaluate_many(cands):
+                results.setdefault((mode, c.hash), []).append(m)
+    for c in cands:
+        host, dev = results[("0", c.hash)], results[("1", c.hash)]
+        assert [m.status for m in dev] == [m.status for m in host], (c.params, host[0].reason, dev[0].reason)
+        if host[0].status != "ok":
+            continue
+        assert all(m.metrics["max_abs_err"] == host[0].metrics["max_abs_err"] for m in dev), c.params
+        t_host = min(m.time_us for m in host)
+        t_dev = min(m.time_us for m in dev)
+        print(f"{space_name} {c.params['LOAD_PATH']}/{c.params['COMBINE']} {c.hash[:10]} host-code build "
+              f"{t_host:.2f} us, device-only {t_dev:.2f} us ({t_dev / t_host:.3f})")
         assert 0.9 < t_dev / t_host < 1.1, (c.params, t_host, t_dev)

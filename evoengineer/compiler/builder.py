@@ -101,6 +101,7 @@ class Builder(QueuedBuilds):
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None
         self._binding_started = False
+        self.binding_built_at: float | None = None  # time.monotonic() when this builder built the binding
         self._binding_key_memo: str | None = None
         self.session = uuid.uuid4().hex[:12]  # a binding failure is remembered for this builder's session only
         # the builder's own queue in front of the process pool: builds asked for now before builds asked for ahead
@@ -202,6 +203,8 @@ class Builder(QueuedBuilds):
             else:
                 try:
                     self._built_binding = self._executor().submit(steps.safe, steps.build_binding, job).result()
+                    if self._built_binding.get("status") == "ok" and self.binding_built_at is None:
+                        self.binding_built_at = time.monotonic()
                 except BrokenProcessPool:
                     self._restart_pool()
                     self._built_binding = {"status": "build_error",
@@ -218,8 +221,13 @@ class Builder(QueuedBuilds):
         if (Path(job["dir"]) / f"{job['name']}.so").exists():
             return
         self.queue.take_slot()
-        self._executor().submit(steps.safe, steps.build_binding, job).add_done_callback(
-            lambda f: self.queue.release_slot())
+
+        def done(f: "Future[dict[str, Any]]") -> None:
+            self.queue.release_slot()
+            if not f.cancelled() and f.exception() is None and f.result().get("status") == "ok":
+                self.binding_built_at = time.monotonic()
+
+        self._executor().submit(steps.safe, steps.build_binding, job).add_done_callback(done)
 
     def _gate_job(self) -> dict[str, Any] | None:
         if self.space.backend != "cuda":

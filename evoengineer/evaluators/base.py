@@ -147,6 +147,11 @@ class Evaluator(ABC):
         does not build or does not say."""
         return None
 
+    def start_timeline(self) -> dict[str, float] | None:
+        """Seconds from this evaluator's creation to each step of its start (binding built, first worker ready,
+        first candidate measured, ...), for the final line; None when this evaluator does not say."""
+        return None
+
     def utilization_by_device(self) -> dict[str, float] | None:
         """Seconds each measuring device (by name) was busy so far, where there are several; None when this
         evaluator does not say."""

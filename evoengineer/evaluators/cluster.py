@@ -413,6 +413,8 @@ class ClusterEvaluator(Evaluator):
         # CPU kernels are timed on the cores the compilers use: no builds beside measurements (as LocalEvaluator)
         self.overlap = space.backend != "cpu"
         self._cluster = None
+        self._t_created = time.monotonic()
+        self._start_marks: dict[str, float] = {}  # start_timeline()
         self._init_flight()
         extras = dict(extras or {})
         if address == "local":
@@ -448,6 +450,7 @@ class ClusterEvaluator(Evaluator):
                                                      sort_keys=True, default=str).encode()
                                           + repr(factory).encode()).hexdigest()[:20]
         self.slots = self._wait_for_gpu_workers()
+        self._mark("GPU workers up")
         self._slots_stale, self._slots_at = False, time.monotonic()
         self.client.subscribe_topic("all", self._on_event)  # workers joining and leaving
         self.build_slots = self._build_slots()
@@ -651,8 +654,10 @@ class ClusterEvaluator(Evaluator):
                             **b.get("metrics", {}), "build_s": b.get("build_s", 0.0),
                             "build_cached": b.get("cached", False)})))
                     else:
+                        self._mark("first built")
                         self._ready.append((c, b))
                 elif fut in self._measures:
+                    self._mark("first measured")
                     finished.append((fut, self._measures.pop(fut)))
                 # else: a task of a cancelled candidate
             self._fill()  # the next candidates start before these results are fetched and handed on
@@ -660,6 +665,14 @@ class ClusterEvaluator(Evaluator):
             self.results.put(c, m)
         for (_, c), m in zip(finished, self._measure_results([f for f, _ in finished])):
             self.results.put(c, m)
+
+    def _mark(self, what: str) -> None:
+        self._start_marks.setdefault(what, round(time.monotonic() - self._t_created, 2))
+
+    def start_timeline(self) -> dict[str, float]:
+        """Seconds from this evaluator's creation to: the cluster connected, the first candidate built, the first
+        measured (a worker's own start is inside the last)."""
+        return dict(sorted(self._start_marks.items(), key=lambda kv: kv[1]))
 
     def _on_event(self, event: Any) -> None:
         """Scheduler events (client's loop thread): a worker came or went, count the GPU workers again."""

@@ -166,7 +166,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         jobs = build_jobs or int(self.settings["build_jobs"]) or usable_cpus()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         # device-only builds where the family's binding launches them (issue 52: same checks and times as host-code
-        # builds on the GPU, 1.75x less host CPU per MSDA candidate); EVOENGINEER_DEVICE_ONLY=0 for host-code builds
+        # builds on the GPU, 1.75-1.86x less host CPU per candidate); EVOENGINEER_DEVICE_ONLY=0 for host-code builds
         device_only = bool(getattr(self.task, "device_only", False)) and \
             os.environ.get("EVOENGINEER_DEVICE_ONLY", "1") != "0"
         self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding,
@@ -179,6 +179,8 @@ class LocalEvaluator(BuildAheadEvaluator):
         self._baseline_futures: dict[str, tuple[str, Future[BuildResult]]] | None = None
         self._starting: Future[WorkerProcess] | None = None  # the first worker, started beside the first builds
         self.replaced: list[str] = []  # why workers were replaced (state left behind, sentinel drift)
+        self._t_created = time.monotonic()
+        self._start_marks: dict[str, float] = {}  # start_timeline()
         self._init_pipeline()
 
     def _submit_baselines(self) -> dict[str, tuple[str, "Future[BuildResult]"]]:
@@ -234,8 +236,11 @@ class LocalEvaluator(BuildAheadEvaluator):
                 "seed": self.seed * 1000 + self.workers_started, "cache_dir": str(self.cache_dir)}
         timeout = float(self.settings["init_timeout_s"])
         worker = WorkerProcess(init, timeout, cpu_kernels=self.space.backend == "cpu")
+        self._mark("worker started")
         try:
-            reply = worker.request({"cmd": "baselines", "baselines": self._baselines()}, timeout)
+            baselines = self._baselines()
+            self._mark("baselines built")
+            reply = worker.request({"cmd": "baselines", "baselines": baselines}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
             # baselines timed, then the state and the sentinel recorded: what every candidate is measured with
@@ -243,6 +248,7 @@ class LocalEvaluator(BuildAheadEvaluator):
             reply = worker.request({"cmd": "hello", "baselines": not for_retiming}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+            self._mark("worker ready")
         except BaseException:
             worker.close()
             raise
@@ -295,6 +301,7 @@ class LocalEvaluator(BuildAheadEvaluator):
             reply = worker.request({"cmd": "eval", "so": build.so, "module": build.module, "hash": candidate.hash},
                                    float(self.settings["timeout_s"]))
             extra["measure_s"] = round(time.perf_counter() - t0, 4)  # checks, timing and baselines in the worker
+            self._mark("first measured")
         except WorkerFailure as f:
             self.busy_s += time.perf_counter() - t_start
             self._drop_worker()
@@ -322,6 +329,20 @@ class LocalEvaluator(BuildAheadEvaluator):
 
     def utilization(self) -> tuple[float, int]:
         return self.busy_s, 1
+
+    def _mark(self, what: str) -> None:
+        self._start_marks.setdefault(what, round(time.monotonic() - self._t_created, 2))
+
+    def start_timeline(self) -> dict[str, float]:
+        """Seconds from this evaluator's creation to each step of its start, in order: the family binding built
+        (when it was not cached), the first measuring process started (torch, device context, input sets and
+        references), the baselines built, that worker ready (baselines checked and timed, state and sentinel
+        recorded), the first candidate measured."""
+        marks = dict(self._start_marks)
+        done = self.builder.binding_built_at
+        if done is not None:
+            marks["binding built"] = round(done - self._t_created, 2)
+        return dict(sorted(marks.items(), key=lambda kv: kv[1]))
 
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """CUDA: run the (cached) builds under compute-sanitizer's tools from the space's `sanitizer` setting."""

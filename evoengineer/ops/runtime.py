@@ -53,7 +53,7 @@ _NAMESPACE = "evoengineer"
 
 
 #: the headers every binding includes (templates/bindings/), copied into an exported package
-BINDING_HEADERS = ("candidate_module.h", "cubin_module.h")
+BINDING_HEADERS = ("candidate_module.h", "cubin_module.h", "tma_host.h")
 
 
 def dtype_name(dt: torch.dtype) -> str:

@@ -50,6 +50,15 @@ class ProgressPrinter:
         wall = max(1e-9, time.monotonic() - self.t0)
         return " | per GPU: " + ", ".join(f"{name} {min(1.0, s / wall):.0%}" for name, s in per.items())
 
+    @staticmethod
+    def _start(runner: Any) -> str:
+        """At the end of a run: when each step of the evaluator's start was done (what the first measurement
+        waited for)."""
+        marks = runner.evaluator.start_timeline()
+        if not marks:
+            return ""
+        return " | start: " + ", ".join(f"{what} {s:.1f} s" for what, s in marks.items())
+
     def _builds(self, runner: Any) -> str:
         """At the end of a run: builder seconds per candidate built and the share of the run the device waited on
         builds."""
@@ -87,6 +96,7 @@ class ProgressPrinter:
         if "stop" in stats:
             line += self._per_device(runner)
             line += self._builds(runner)
+            line += self._start(runner)
             fin = getattr(runner, "finish_s", None)
             if fin and sum(fin.values()) >= 0.05:
                 line += f" | finishing: re-timing {fin['retime']:.1f} s, sanitizer {fin['sanitizer']:.1f} s"

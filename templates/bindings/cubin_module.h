@@ -31,6 +31,10 @@ struct EvoDriver {
   CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int) = nullptr;
   CUresult (*occupancy)(int*, CUfunction, int, size_t) = nullptr;
   CUresult (*error_string)(CUresult, const char**) = nullptr;
+  // launches with attributes (clusters, programmatic dependent launch): optional, a launch needing one fails with
+  // CUDA_ERROR_NOT_SUPPORTED where the driver has none
+  CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*occupancy_clusters)(int*, CUfunction, const CUlaunchConfig*) = nullptr;
 
   static const EvoDriver& get() {
     static const EvoDriver driver = load();
@@ -52,6 +56,14 @@ struct EvoDriver {
       throw std::runtime_error(std::string("CUDA driver entry point ") + name + " not found (driver too old?)");
     slot = reinterpret_cast<F>(fn);
   }
+  template <typename F>
+  static void optional_entry(F& slot, const char* name, int version) {
+    try {
+      entry(slot, name, version);
+    } catch (const std::runtime_error&) {
+      slot = nullptr;
+    }
+  }
   static EvoDriver load() {
     EvoDriver d;
     entry(d.module_load_data, "cuModuleLoadData", 2000);
@@ -63,6 +75,8 @@ struct EvoDriver {
     entry(d.func_set_attribute, "cuFuncSetAttribute", 9000);
     entry(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050);
     entry(d.error_string, "cuGetErrorString", 6000);
+    optional_entry(d.launch_kernel_ex, "cuLaunchKernelEx", 12000);
+    optional_entry(d.occupancy_clusters, "cuOccupancyMaxActiveClusters", 11080);
     return d;
   }
 };
@@ -161,13 +175,64 @@ class EvoKernel {
     return 0;
   }
 
-  // Launches with the kernel's one parameter (a struct passed by value) or several (`args`: pointers to each).
-  int launch(unsigned grid, unsigned threads, int dyn_bytes, void* stream, void** args) {
+  // Blocks of `threads` threads and `dyn_bytes` dynamic shared memory one SM holds (0: none fit).
+  int blocks_per_sm(int threads, int dyn_bytes, int& per_sm) {
     const int rc = allow_dynamic_smem(dyn_bytes);
     if (rc != 0) return rc;
-    return static_cast<int>(EvoDriver::get().launch_kernel(f_, grid, 1, 1, threads, 1, 1,
+    return static_cast<int>(EvoDriver::get().occupancy(&per_sm, f_, threads, static_cast<size_t>(dyn_bytes)));
+  }
+
+  // Launches with the kernel's one parameter (a struct passed by value) or several (`args`: pointers to each).
+  int launch(unsigned grid, unsigned threads, int dyn_bytes, void* stream, void** args) {
+    return launch3(grid, 1, 1, threads, dyn_bytes, stream, args);
+  }
+  int launch3(unsigned gx, unsigned gy, unsigned gz, unsigned threads, int dyn_bytes, void* stream, void** args) {
+    const int rc = allow_dynamic_smem(dyn_bytes);
+    if (rc != 0) return rc;
+    return static_cast<int>(EvoDriver::get().launch_kernel(f_, gx, gy, gz, threads, 1, 1,
                                                            static_cast<unsigned>(dyn_bytes),
                                                            static_cast<CUstream>(stream), args, nullptr));
+  }
+
+  // A launch configuration with `attrs` (storage the caller keeps alive until the launch).
+  static CUlaunchConfig config(unsigned gx, unsigned gy, unsigned gz, unsigned threads, int dyn_bytes, void* stream,
+                               CUlaunchAttribute* attrs, unsigned n_attrs) {
+    CUlaunchConfig c;
+    std::memset(&c, 0, sizeof(c));
+    c.gridDimX = gx;
+    c.gridDimY = gy;
+    c.gridDimZ = gz;
+    c.blockDimX = threads;
+    c.blockDimY = 1;
+    c.blockDimZ = 1;
+    c.sharedMemBytes = static_cast<unsigned>(dyn_bytes);
+    c.hStream = static_cast<CUstream>(stream);
+    c.attrs = attrs;
+    c.numAttrs = n_attrs;
+    return c;
+  }
+
+  // cuLaunchKernelEx: launches with attributes (clusters, programmatic dependent launch).
+  int launch_ex(const CUlaunchConfig& c, void** args) {
+    const int rc = allow_dynamic_smem(static_cast<int>(c.sharedMemBytes));
+    if (rc != 0) return rc;
+    const EvoDriver& d = EvoDriver::get();
+    if (d.launch_kernel_ex == nullptr) return static_cast<int>(CUDA_ERROR_NOT_SUPPORTED);
+    return static_cast<int>(d.launch_kernel_ex(&c, f_, args, nullptr));
+  }
+
+  // Clusters of the configuration's cluster size this kernel the device holds at once (cuOccupancyMaxActiveClusters).
+  int max_active_clusters(const CUlaunchConfig& c, int& clusters) {
+    const int rc = allow_dynamic_smem(static_cast<int>(c.sharedMemBytes));
+    if (rc != 0) return rc;
+    const EvoDriver& d = EvoDriver::get();
+    if (d.occupancy_clusters == nullptr) return static_cast<int>(CUDA_ERROR_NOT_SUPPORTED);
+    return static_cast<int>(d.occupancy_clusters(&clusters, f_, &c));
+  }
+
+  // Sets an attribute of the kernel (e.g. non-portable cluster sizes).
+  int set_attribute(CUfunction_attribute what, int value) {
+    return static_cast<int>(EvoDriver::get().func_set_attribute(f_, what, value));
   }
 
  private:

@@ -291,6 +291,7 @@ class DecodeTask(AttentionTask):
     entry = "evo_decode_forward"
     function = "decode_attention"
     binding_file = "binding.cpp"
+    device_only = True  # CUDA candidates: a cubin each, launched by the binding (DecodeCubin)
     op_module, op_class, op_files = "op.py", "DecodeOp", ("../sdpa/attention_reference.py",)
     templates = ("cuda/decode.cu.j2",)
 
