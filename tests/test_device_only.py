@@ -112,3 +112,55 @@ def test_a_decode_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_pat
             assert "evo_trait_" not in undefined, undefined
         image = (tmp_path / f"k{k}.cubin").read_bytes()  # the kernels' C names in its symbol strings
         assert b"evo_decode_kernel\0" in image and b"evo_decode_combine_kernel\0" in image
+
+
+@pytest.mark.parametrize("space_name,seed", [("sdpa_hopper_fp16_d128", 3), ("sdpa_hopper_fp8_d128", 4),
+                                             ("sdpa_fp16_d64", 5)])
+def test_an_sdpa_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_path: Path, space_name: str,
+                                                                       seed: int):
+    """The SDPA family's device-only builds, both templates: the same ptxas report as the host-code build, the
+    kernel and the counters under the C names SdpaCubin looks up, the traits of the genes and Params laid out as the
+    launcher writes it."""
+    from evoengineer.compiler.cubin import cubin_traits
+    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
+
+    space = load_space(resolve_space_arg(space_name))
+    factory = CandidateFactory(space)
+    rng = random.Random(seed)
+    hopper = "hopper" in space.template
+    job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
+    valid = space.valid_genomes()
+    if hopper:  # the dynamic scheduler (counter slots in Params and in the module) and the static one
+        picks = [rng.choice([g for g in valid if (space.genome_to_params(g).get("SCHEDULER") == "dynamic") == d])
+                 for d in (True, False)]
+    else:  # persistent CTAs (the module's work counter) and not
+        picks = [rng.choice([g for g in valid if space.genome_to_params(g)["USE_PERSISTENT_CTA"] == d])
+                 for d in (True, False)]
+    for k, g in enumerate(picks):
+        c = factory.from_genome(g)
+        p = c.params
+        src = tmp_path / f"k{k}.cu"
+        src.write_text(c.source)
+        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
+        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
+        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
+        assert dev["report"] == host["report"], p
+        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        image = (tmp_path / f"k{k}.cubin").read_bytes()
+        assert t["block_m"] == p["BLOCK_M"] and t["fp8"] == (space.signature["KV_DTYPE"] == "float8_e4m3")
+        if hopper:
+            dynamic = p.get("SCHEDULER", "static") == "dynamic"
+            assert t["kind"] == 2 and b"evo_sdpa_hopper_kernel\0" in image
+            assert (t["cluster"], t["persistent"], t["dynamic"]) == (p["CLUSTER_SIZE"], p["PERSISTENT"], dynamic)
+            assert t["off_sched"] == (56 if dynamic else -1)  # after 3 pointers and 8 ints
+            assert t["off_scale_log2"] == (64 if dynamic else 56) and t["params_bytes"] <= 256
+            assert (b"evo_sdpa_tile_counters\0" in image) == dynamic
+            assert t["head_dim"] == space.signature["HEAD_DIM"] and t["box_cols"] * (1 if t["fp8"] else 2) == 128
+        else:
+            assert t["kind"] == 1 and b"evo_sdpa_kernel\0" in image and b"evo_sdpa_next_item\0" in image
+            assert (t["params_bytes"], t["off_scale_log2"]) == (80, 72)  # the launcher's SdpaPlainParams
+            assert t["persistent"] == p["USE_PERSISTENT_CTA"]
+        if shutil.which("nm"):
+            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
+                                       check=True).stdout
+            assert "evo_" not in undefined, undefined

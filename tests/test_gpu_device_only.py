@@ -2,7 +2,8 @@
 and launched by the family binding pass every check, and time as the same genomes built with host code do (one
 evaluator each, in turn). MSDA: registers, shared metadata, persistent grids, staged values, the small-level cache,
 head-major value through its workspace, the query-window paths 4 and 5. Decode: every load path x combine (TMA maps
-of a contiguous cache and of a page pool, clusters, programmatic dependent launches)."""
+of a contiguous cache and of a page pool, clusters, programmatic dependent launches). SDPA: both templates (Hopper:
+cluster sizes x schedulers, persistent or not; plain: persistent or not)."""
 
 from __future__ import annotations
 
@@ -70,14 +71,29 @@ def _decode_picks(space, rnd: random.Random) -> list:
     return picks
 
 
-@pytest.mark.parametrize("space_name", ["decode_fp8kv_d128_paged", "decode_fp16_d128"])
-def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
-                                                                      space_name: str):
+def _sdpa_picks(space, rnd: random.Random) -> list:
+    """Hopper: a genome of each cluster size x scheduler (dynamic: counter slots in Params and the module) and a
+    non-persistent one; plain: persistent CTAs (the module's work counter) and not."""
+    valid = space.valid_genomes()
+    params = space.genome_to_params
+    if "hopper" in space.template:
+        wanted = [lambda q, c=c, d=d: q["CLUSTER_SIZE"] == c and (q.get("SCHEDULER") == "dynamic") == d
+                  for c in (1, 2) for d in (False, True)] + [lambda q: not q["PERSISTENT"]]
+    else:
+        wanted = [lambda q, d=d: q["USE_PERSISTENT_CTA"] == d for d in (True, False)]
+    picks = []
+    for want in wanted:
+        fits = [g for g in valid if want(params(g))]
+        if fits:
+            picks.append(rnd.choice(fits))
+    return picks
+
+
+def _host_code_vs_device_only(space, cands, build_cache: Path, monkeypatch, label: str) -> None:
+    """Each candidate measured by a host-code build and a device-only one, twice each, alternated: the same
+    statuses and max errors, times within 10%."""
     from evoengineer.evaluators.local import LocalEvaluator
 
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
-    factory = CandidateFactory(space)
-    cands = [factory.from_genome(g) for g in _decode_picks(space, random.Random(7))]
     results = {}
     for mode in ("0", "1", "0", "1"):
         monkeypatch.setenv("EVOENGINEER_DEVICE_ONLY", mode)
@@ -93,6 +109,24 @@ def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cac
         assert all(m.metrics["max_abs_err"] == host[0].metrics["max_abs_err"] for m in dev), c.params
         t_host = min(m.time_us for m in host)
         t_dev = min(m.time_us for m in dev)
-        print(f"{space_name} {c.params['LOAD_PATH']}/{c.params['COMBINE']} {c.hash[:10]} host-code build "
-              f"{t_host:.2f} us, device-only {t_dev:.2f} us ({t_dev / t_host:.3f})")
+        print(f"{label} {c.hash[:10]} host-code build {t_host:.2f} us, device-only {t_dev:.2f} us "
+              f"({t_dev / t_host:.3f})")
         assert 0.9 < t_dev / t_host < 1.1, (c.params, t_host, t_dev)
+
+
+@pytest.mark.parametrize("space_name", ["decode_fp8kv_d128_paged", "decode_fp16_d128"])
+def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
+                                                                      space_name: str):
+    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    factory = CandidateFactory(space)
+    cands = [factory.from_genome(g) for g in _decode_picks(space, random.Random(7))]
+    _host_code_vs_device_only(space, cands, build_cache, monkeypatch, space_name)
+
+
+@pytest.mark.parametrize("space_name", ["sdpa_hopper_fp16_d128", "sdpa_hopper_fp8_d128", "sdpa_fp16_d64"])
+def test_device_only_sdpa_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
+                                                                    space_name: str):
+    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    factory = CandidateFactory(space)
+    cands = [factory.from_genome(g) for g in _sdpa_picks(space, random.Random(11))]
+    _host_code_vs_device_only(space, cands, build_cache, monkeypatch, space_name)

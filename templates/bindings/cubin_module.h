@@ -124,6 +124,14 @@ class EvoCubin {
     throw std::runtime_error(where_ + ": kernel " + name + ": " + evo_cu_error(r));
   }
 
+  // The device address of a global variable of the module (its extern "C" name), and its size in bytes.
+  CUdeviceptr global(const char* name, size_t& bytes) const {
+    CUdeviceptr ptr = 0;
+    const CUresult r = EvoDriver::get().module_get_global(&ptr, &bytes, module_, name);
+    if (r != CUDA_SUCCESS) throw std::runtime_error(where_ + ": global " + name + ": " + evo_cu_error(r));
+    return ptr;
+  }
+
   // The value of trait `name` (extern "C" __constant__ long long evo_trait_<name>).
   int64_t trait(const char* name) const {
     const std::string symbol = std::string("evo_trait_") + name;
