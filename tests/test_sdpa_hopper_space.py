@@ -216,7 +216,7 @@ def test_scheduler_dynamic_adds_the_counter_and_static_renders_no_trace_of_it():
     dyn = factory.make({**g, "SCHEDULER": "dynamic"}).source
     static = factory.make({**g, "SCHEDULER": "static"}).source
     assert "kDynamic = true" in dyn and "kDynamic = false" in static
-    for piece in ("g_tile_counters", "next_tile(p, pipe, rank, clusters, taken++)", "finish_schedule(p, clusters)",
+    for piece in ("evo_sdpa_tile_counters", "next_tile(p, pipe, rank, clusters, taken++)", "finish_schedule(p, clusters)",
                   "st.async.shared::cluster.mbarrier::complete_tx::bytes", "unsigned int* sched;"):
         assert piece in dyn and piece not in static, piece
     assert "for (int64_t t = cluster; t < p.num_tiles; t += clusters)" in static
