@@ -36,6 +36,8 @@ DONE = re.compile(r"^\s*done \|.*\| (?P<rate>\d+)/min \| GPU busy (?P<busy>\d+)%
 WAITED = re.compile(r"GPU waited on builds (?P<wait>\d+)%")
 PER_GPU = re.compile(r"\| per GPU: (?P<per>[^|]+)\|")
 BUILDS = re.compile(r"builds (?P<b>[\d.]+) s/candidate")
+START = re.compile(r"\| start: (?P<marks>[^|]+)")  # the evaluator's start, step by step (seconds)
+MARK = re.compile(r"(?P<what>[a-zA-Z ]+?) (?P<s>[\d.]+) s")
 
 
 def visible_gpus() -> int:
@@ -128,6 +130,9 @@ def run(space: str, strategy: str, seed: int, budget: int, gpus: int, work: Path
             pg = PER_GPU.search(line)
             if pg:
                 out["per_gpu"] = pg["per"].strip()
+            st = START.search(line)
+            if st:
+                out["start_s"] = {mk["what"].strip(): float(mk["s"]) for mk in MARK.finditer(st["marks"])}
     return out
 
 
