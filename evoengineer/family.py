@@ -273,6 +273,9 @@ class Family(ABC):
     #: CUDA: the binding loads and launches device-only builds (`evo_binding_load_cubin`): candidates compile to a
     #: cubin alone, no host code, no link (issue 52; EVOENGINEER_DEVICE_ONLY=0 builds host code instead)
     device_only: bool = False
+    #: with device_only: build device code only by default (False: only with EVOENGINEER_DEVICE_ONLY=1, e.g. while
+    #: the binding's launcher has not run on a GPU)
+    device_only_default: bool = True
     #: shape-table keys beyond the signature's sizes (values kept on the Shape), with no default
     shape_keys: tuple[str, ...] = ()
     #: an op adapter of the family's own (torch only, relative to the family's module; class name; other files it

@@ -145,3 +145,19 @@ def test_a_gpu_spaces_worker_has_a_few_unpinned_threads(monkeypatch):
     assert 1 <= int(gpu["OMP_NUM_THREADS"]) <= GPU_WORKER_THREADS
     monkeypatch.setenv("EVOENGINEER_WORKER_THREADS", "2")
     assert worker_env(cpu_kernels=False)["OMP_NUM_THREADS"] == "2"
+
+
+def test_device_only_builds_where_the_family_says_and_as_the_environment_asks(monkeypatch):
+    """Device-only builds (issue 52): by default where the family's binding launches cubins and it says so; with
+    EVOENGINEER_DEVICE_ONLY=1 wherever the binding can; =0 never."""
+    from evoengineer.evaluators.local import device_only_builds
+
+    on = type("On", (), {"device_only": True})()
+    opt_in = type("OptIn", (), {"device_only": True, "device_only_default": False})()
+    host = type("Host", (), {"device_only": False})()
+    monkeypatch.delenv("EVOENGINEER_DEVICE_ONLY", raising=False)
+    assert [device_only_builds(t) for t in (on, opt_in, host)] == [True, False, False]
+    monkeypatch.setenv("EVOENGINEER_DEVICE_ONLY", "1")
+    assert [device_only_builds(t) for t in (on, opt_in, host)] == [True, True, False]
+    monkeypatch.setenv("EVOENGINEER_DEVICE_ONLY", "0")
+    assert [device_only_builds(t) for t in (on, opt_in, host)] == [False, False, False]

@@ -50,6 +50,17 @@ def worker_env(*, cpu_kernels: bool) -> dict[str, str]:
     return env
 
 
+def device_only_builds(task: Any) -> bool:
+    """Whether a family's CUDA candidates build device code only (issue 52: the same checks and times as host-code
+    builds on the GPU, 1.75-1.86x less host CPU per candidate): where its binding launches cubins
+    (`Family.device_only`), by default where the family says so (`device_only_default`);
+    EVOENGINEER_DEVICE_ONLY=1 wherever its binding can, =0 never."""
+    choice = os.environ.get("EVOENGINEER_DEVICE_ONLY", "").strip()
+    if not getattr(task, "device_only", False) or choice == "0":
+        return False
+    return choice == "1" or bool(getattr(task, "device_only_default", True))
+
+
 class WorkerFailure(Exception):
     """The worker hung (timeout) or died (crash); `status` says which."""
 
@@ -165,10 +176,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         self.seed = seed
         jobs = build_jobs or int(self.settings["build_jobs"]) or usable_cpus()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        # device-only builds where the family's binding launches them (issue 52: same checks and times as host-code
-        # builds on the GPU, 1.75-1.86x less host CPU per candidate); EVOENGINEER_DEVICE_ONLY=0 for host-code builds
-        device_only = bool(getattr(self.task, "device_only", False)) and \
-            os.environ.get("EVOENGINEER_DEVICE_ONLY", "1") != "0"
+        device_only = device_only_builds(self.task)
         self.builder = Builder(space, entry=self.task.entry, binding=self.task.binding,
                                signature=self.task.binding_signature(), cache_dir=self.cache_dir, jobs=jobs,
                                device_only=device_only)

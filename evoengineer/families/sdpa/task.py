@@ -384,6 +384,7 @@ class SDPATask(AttentionTask):
     function = "scaled_dot_product_attention"
     binding_file = "binding.cpp"
     device_only = True  # CUDA candidates: a cubin each, launched by the binding (SdpaCubin, both templates)
+    device_only_default = False  # opt-in (EVOENGINEER_DEVICE_ONLY=1) until its launcher has run on a GPU
     op_module, op_class, op_files = "op.py", "SdpaOp", ("attention_reference.py",)
     templates = ("cuda/sdpa.cu.j2", "cuda/sdpa_hopper.cu.j2")
     fp8_needs_fp16_q = True
