@@ -20,30 +20,35 @@ from evoengineer.space import load_space, resolve_space_arg
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU)")
 
 
+def _both_builds(tmp_path: Path, space, c, k: int, *, undefined_prefix: str = "evo_trait_") -> dict[str, int]:
+    """Candidate `c` compiled with host code (k.o) and to a cubin (k.cubin): both ok, the same ptxas report, no
+    symbol starting with `undefined_prefix` left undefined in the host object (a host-code build links); returns the
+    cubin's traits."""
+    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
+
+    job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
+    src = tmp_path / f"k{k}.cu"
+    src.write_text(c.source)
+    host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
+    dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
+    assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
+    assert dev["report"] == host["report"], c.params
+    if shutil.which("nm"):
+        undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
+                                   check=True).stdout
+        assert undefined_prefix not in undefined, undefined
+    return cubin_traits(tmp_path / f"k{k}.cubin")
+
+
 @pytest.mark.parametrize("space_name,seed", [("cuda_msda_fp16", 3), ("cuda_msda_fp32", 4)])
 def test_a_cubin_has_the_report_of_todays_build_and_the_traits_of_its_genes(tmp_path: Path, space_name: str,
                                                                             seed: int):
-    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
-
     space = load_space(resolve_space_arg(space_name))
     factory = CandidateFactory(space)
     rng = random.Random(seed)
-    cuda_flags = [*space.cuda_flags, "-DEVO_WITH_CUDA"]
     for k in range(2):
         c = factory.from_genome(space.random_valid_genome(rng))
-        src = tmp_path / f"k{k}.cu"
-        src.write_text(c.source)
-        job = {"cuda_cflags": cuda_flags, "arch": space.arch}
-        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
-        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
-        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
-        assert dev["report"] == host["report"], c.params
-        # the host object defines the traits it registers (a host-code build links: an `extern` trait did not)
-        if shutil.which("nm"):
-            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
-                                       check=True).stdout
-            assert "evo_trait_" not in undefined, undefined
-        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        t = _both_builds(tmp_path, space, c, k)
         p = c.params
         window = p["WINDOW_TILE"] > 0
         assert t["params_bytes"] == 80  # the binding's MsdaParams
@@ -68,9 +73,6 @@ def test_a_decode_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_pat
     C names the binding's DecodeCubin looks up, and the traits of the genes, with Params laid out as the launcher
     writes it (the members up to box_shift, then the optional ones at their offsets). Every load path and combine is
     drawn at least once over the spaces' draws."""
-    from evoengineer.compiler.cubin import cubin_traits
-    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
-
     space = load_space(resolve_space_arg(space_name))
     factory = CandidateFactory(space)
     rng = random.Random(seed)
@@ -81,18 +83,11 @@ def test_a_decode_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_pat
                 and space.genome_to_params(g)["COMBINE"] == combine]
         if fits:
             picks.append(rng.choice(fits))
-    job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
     paged = space.signature.get("KV_LAYOUT") == "paged"
     for k, g in enumerate(picks):
         c = factory.from_genome(g)
         p = c.params
-        src = tmp_path / f"k{k}.cu"
-        src.write_text(c.source)
-        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
-        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
-        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
-        assert dev["report"] == host["report"], p
-        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        t = _both_builds(tmp_path, space, c, k)
         assert t["threads"] == 32 * p["NUM_WARPS"] and t["block_n"] == p["BLOCK_N"]
         assert t["head_dim"] == space.signature["HEAD_DIM"] and t["paged"] == paged
         assert t["fp8"] == (space.signature["KV_DTYPE"] == "float8_e4m3")
@@ -106,10 +101,6 @@ def test_a_decode_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_pat
         else:
             assert t["off_tm_k"] == t["off_tm_v"] == -1
         assert 148 <= t["params_bytes"] <= 1024  # DecodeCubin::kParamsCapacity
-        if shutil.which("nm"):
-            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
-                                       check=True).stdout
-            assert "evo_trait_" not in undefined, undefined
         image = (tmp_path / f"k{k}.cubin").read_bytes()  # the kernels' C names in its symbol strings
         assert b"evo_decode_kernel\0" in image and b"evo_decode_combine_kernel\0" in image
 
@@ -121,14 +112,10 @@ def test_an_sdpa_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_path
     """The SDPA family's device-only builds, both templates: the same ptxas report as the host-code build, the
     kernel and the counters under the C names SdpaCubin looks up, the traits of the genes and Params laid out as the
     launcher writes it."""
-    from evoengineer.compiler.cubin import cubin_traits
-    from evoengineer.compiler.steps import cubin_compile_flags, cuda_compile_flags
-
     space = load_space(resolve_space_arg(space_name))
     factory = CandidateFactory(space)
     rng = random.Random(seed)
     hopper = "hopper" in space.template
-    job = {"cuda_cflags": [*space.cuda_flags, "-DEVO_WITH_CUDA"], "arch": space.arch}
     valid = space.valid_genomes()
     if hopper:  # the dynamic scheduler (counter slots in Params and in the module) and the static one
         picks = [rng.choice([g for g in valid if (space.genome_to_params(g).get("SCHEDULER") == "dynamic") == d])
@@ -139,13 +126,7 @@ def test_an_sdpa_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_path
     for k, g in enumerate(picks):
         c = factory.from_genome(g)
         p = c.params
-        src = tmp_path / f"k{k}.cu"
-        src.write_text(c.source)
-        host = compile_cuda(src, tmp_path / f"k{k}.o", flags=cuda_compile_flags(job))
-        dev = compile_cuda(src, tmp_path / f"k{k}.cubin", flags=cubin_compile_flags(job), device_only=True)
-        assert host["status"] == dev["status"] == "ok", (host.get("reason"), dev.get("reason"))
-        assert dev["report"] == host["report"], p
-        t = cubin_traits(tmp_path / f"k{k}.cubin")
+        t = _both_builds(tmp_path, space, c, k, undefined_prefix="evo_")  # the counters too
         image = (tmp_path / f"k{k}.cubin").read_bytes()
         assert t["block_m"] == p["BLOCK_M"] and t["fp8"] == (space.signature["KV_DTYPE"] == "float8_e4m3")
         if hopper:
@@ -160,7 +141,3 @@ def test_an_sdpa_cubin_has_the_report_and_the_traits_its_launcher_reads(tmp_path
             assert t["kind"] == 1 and b"evo_sdpa_kernel\0" in image and b"evo_sdpa_next_item\0" in image
             assert (t["params_bytes"], t["off_scale_log2"]) == (80, 72)  # the launcher's SdpaPlainParams
             assert t["persistent"] == p["USE_PERSISTENT_CTA"]
-        if shutil.which("nm"):
-            undefined = subprocess.run(["nm", "-u", str(tmp_path / f"k{k}.o")], capture_output=True, text=True,
-                                       check=True).stdout
-            assert "evo_" not in undefined, undefined

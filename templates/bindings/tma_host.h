@@ -44,3 +44,7 @@ static inline bool encode_head_rows_map(CUtensorMap* map, CUtensorMapDataType ty
     const int box[3] = {box_cols, box_rows, 1};
     return encode_swizzled_map_3d(map, type, base, dims, strides, box);
 }
+// The map element type of attention K/V (or Q) rows: FP8 as bytes, else the 16-bit type.
+static inline CUtensorMapDataType tma_row_type(bool fp8, bool bf16) {
+    return fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}

@@ -130,11 +130,6 @@ struct DecodeCubin {
     combine = EvoKernel(module, m.function("evo_decode_combine_kernel"));
   }
 
-  CUtensorMapDataType kv_map_type() const {
-    return fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  }
-
   // clusters of `size` CTAs the device holds at once (0: none fit, or the query failed), asked once per size;
   // sizes above 8 are non-portable: allowed once, else they count as not fitting
   int resident_clusters(int size) {
@@ -248,10 +243,10 @@ struct DecodeCubin {
         const int64_t strides[2] = {row_bytes, Hkv * row_bytes};
         const int box[3] = {static_cast<int>(128 / kv_bytes), 1, 1 << p.box_shift};
         for (int i = 0; i < 2; ++i)
-          if (!encode_swizzled_map_3d(&maps[i], kv_map_type(), bases[i], dims, strides, box)) return 8;
+          if (!encode_swizzled_map_3d(&maps[i], tma_row_type(fp8, bf16), bases[i], dims, strides, box)) return 8;
       } else {
         for (int i = 0; i < 2; ++i)
-          if (!encode_head_rows_map(&maps[i], kv_map_type(), bases[i], head_dim, row_bytes, Sk, B * Hkv,
+          if (!encode_head_rows_map(&maps[i], tma_row_type(fp8, bf16), bases[i], head_dim, row_bytes, Sk, B * Hkv,
                                     static_cast<int>(128 / kv_bytes), static_cast<int>(slice)))
             return 8;
       }

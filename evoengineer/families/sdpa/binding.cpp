@@ -174,11 +174,6 @@ struct SdpaCubin {
                          stream, args);
   }
 
-  CUtensorMapDataType map_type() const {
-    return fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  }
-
   int launch_hopper(const void* q, const void* k, const void* v, const float* k_scale, const float* v_scale,
                     void* out, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int causal, float softmax_scale,
                     void* stream) {
@@ -211,7 +206,7 @@ struct SdpaCubin {
     const int64_t lens[3] = {Sq, Sk, Sk};
     const int64_t rows[3] = {block_m, kv_rows_per_cta, kv_rows_per_cta};
     for (int i = 0; i < 3; ++i)
-      if (!encode_head_rows_map(&maps[i], map_type(), bases[i], head_dim, row_bytes, lens[i], B * H,
+      if (!encode_head_rows_map(&maps[i], tma_row_type(fp8, bf16), bases[i], head_dim, row_bytes, lens[i], B * H,
                                 static_cast<int>(box_cols), static_cast<int>(rows[i])))
         return 6;
     alignas(16) unsigned char params[kParamsCapacity];
