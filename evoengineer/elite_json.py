@@ -50,7 +50,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "retiming": _retiming(elites, run_status, retime_note),
         "elites": [
             {"rank": i, "hash": e.hash, "params": e.params, "metrics": ranked_metrics(e.metrics), "status": e.status,
-             "generation": e.generation, **_certification(e, run_status), **_timing(e), **common,
+             "generation": e.generation, **certification(e, run_status), **_timing(e), **common,
              "source_sha256": sha256_text(e.source), "source": e.source}
             for i, e in enumerate(elites, start=1)
         ],
@@ -61,7 +61,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
 def _shape_entry(name: str, spec: dict[str, Any], r: Any, rank: int | None, run_status: str,
                  common: dict[str, Any]) -> dict[str, Any]:
     """One shape_elites entry: the shape, the fastest correct kernel on it and what a build needs."""
-    cert = _certification(r, run_status)  # shape winners are certified with the elites when the run finishes
+    cert = certification(r, run_status)  # shape winners are certified with the elites when the run finishes
     return {"shape": name, "shape_spec": spec, "hash": r.hash, "params": r.params, "p50_us": _shape_p50(r, name),
             "objective_us": r.metrics.get("time_us"), "rank": rank, "status": r.status, "generation": r.generation,
             "metrics": r.metrics, **cert, **common, "source_sha256": sha256_text(r.source), "source": r.source}
@@ -213,7 +213,7 @@ def _timing(e: Any) -> dict[str, Any]:
     return out
 
 
-def _certification(e: Any, run_status: str) -> dict[str, Any]:
+def certification(e: Any, run_status: str) -> dict[str, Any]:
     """`certified`: the elite ran clean under compute-sanitizer; `sanitizer`: what was run and found (or why
     nothing was: pending until the run finishes, or no sanitizer for this evaluator)."""
     verdict = e.metrics.get("sanitizer")
@@ -281,7 +281,6 @@ class OutClaim:
         self.held = False
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)  # as writing elite.json would (checked writable)
         for _ in range(5):
             try:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~umask())
@@ -342,12 +341,16 @@ def check_writable(path: str | Path, space_name: str, *, force: bool = False) ->
     path = Path(path)
     if path.is_dir():
         raise UserError(f"--out {path}: is a directory")
-    # the folder must exist or be creatable, and be writable: found out now, not after the run has started
+    # the folder must exist (as --db's must: a missing one is refused, never made) and be writable: found out now,
+    # not after the run has started
     parent = path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {path}: {parent} is not a directory")
+    found = parent
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    if not found.is_dir():
+        raise UserError(f"--out {path}: {found} is not a directory")
+    if found != parent:
+        raise UserError(f"--out {path}: directory {path.parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--out {path}: cannot write in {parent}")
     if not path.exists() or force:

@@ -403,7 +403,11 @@ def test_out_in_a_folder_that_cannot_be_made(toy: Path, capsys):
     assert snapshot(toy) == before
 
 
-def test_out_in_a_new_folder(toy: Path, capsys):
+def test_out_in_a_missing_folder_is_refused_as_a_db_in_one_is(toy: Path, capsys):
+    before = snapshot(toy)
+    fails(capsys, search_args(toy, out="new/sub/elite.json"), "new/sub", "does not exist")
+    assert snapshot(toy) == before and not (toy / "new").exists()
+    (toy / "new" / "sub").mkdir(parents=True)
     assert main(search_args(toy, "--quiet", out="new/sub/elite.json")) == 0
     assert json.loads((toy / "new" / "sub" / "elite.json").read_text())["space"] == "toy"
 

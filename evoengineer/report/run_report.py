@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer.store import CandidateRecord, RunInfo, Store
-from evoengineer.elite_json import elite_rows, ranked_metrics, table_notes
+from evoengineer.elite_json import certification, elite_rows, ranked_metrics, table_notes
 from evoengineer.fileio import write_text_atomic
 from evoengineer.report.convergence import best_so_far, plot_convergence
+from evoengineer.search.failures import failures_by_status
 
 
 @dataclass
@@ -42,12 +43,12 @@ def run_label(run: RunInfo) -> str:
 def summarize_run(store: Store, run: RunInfo) -> RunSummary:
     recs: list[CandidateRecord] = store.candidates(run.id)
     statuses: dict[str, int] = {}
-    first_reason: dict[str, str] = {}
     for r in recs:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-        if r.status != "ok" and r.status not in first_reason:
-            first_reason[r.status] = " ".join(r.reason.split())[:240]
-    elites = [{"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics}
+    # the reason of the first of each failure status, on one line (as a search without a correct candidate prints)
+    first_reason = {s: reason for s, (_, reason) in failures_by_status(recs).items()}
+    # the sanitizer column says what the terminal's tables say ("not run", "pending", a verdict)
+    elites = [{"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, **certification(e, run.status)}
               for i, e in enumerate(store.elites(run.id), start=1)]
     times = [r.time_us for r in recs]
     best = min(times, default=math.inf)

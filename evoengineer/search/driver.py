@@ -24,6 +24,7 @@ from evoengineer.evaluators.cluster import ClusterEvaluator, ClusterLost, Cluste
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
 from evoengineer.fingerprint import machine_fingerprint
 from evoengineer.search import SAMPLERS, STRATEGIES
+from evoengineer.search.failures import NO_CORRECT_CANDIDATE, no_correct_candidate
 from evoengineer.search.optuna_search import make_sampler
 from evoengineer.search.progress import ProgressPrinter
 from evoengineer.search.runner import LeaseLost, Runner, SearchSettings
@@ -60,22 +61,7 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         if values["population"] > n_valid:
             raise UserError(f"--population {values['population']}: the space has only {n_valid} valid "
                             "configurations (a GA population holds distinct ones)")
-        budget = values["budget"]
-        if budget is not None and values["population"] > budget:
-            if given.get("population") is not None or budget < 2:
-                raise UserError(f"--population {values['population']} is larger than --budget {budget}: not even "
-                                "the first generation would be evaluated (python -m evoengineer search --help)")
-            # a default population (the space's or ours) shrinks to fit a small budget; the elite with it
-            was, elite_was = values["population"], values["elite"]
-            values["population"] = budget
-            if given.get("elite") is None:
-                values["elite"] = min(values["elite"], budget - 1)
-            elif values["elite"] >= budget:
-                raise UserError(f"--elite {values['elite']}: must be smaller than the population, which --budget "
-                                f"{budget} makes {budget}")
-            print(f"note: population {was} (the default) shrunk to {budget} to fit --budget {budget}"
-                  + (f", elite {elite_was} to {values['elite']}" if values["elite"] != elite_was else ""),
-                  file=sys.stderr)
+    _fit_budget(values, given, space)
     if sampler is not None and strategy != "optuna":
         raise UserError(f"--sampler {sampler}: only with --strategy optuna")
     if strategy == "optuna":
@@ -83,6 +69,35 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         if sampler not in SAMPLERS:
             raise UserError(f"--sampler {sampler!r}: unknown (known: {', '.join(SAMPLERS)})")
     return SearchSettings(strategy=strategy, sampler=sampler, **values)
+
+
+def _fit_budget(values: dict[str, Any], given: dict[str, Any], space: SearchSpace) -> None:
+    """Every strategy alike: a population given with --population may not exceed the budget; a default one (ours or
+    the space's [search] table) shrinks to fit a small budget (to 2 at the least: a budget of 1 evaluates one
+    candidate of that population), and the elite with it, said in one line."""
+    budget = values["budget"]
+    if budget is None or values["population"] <= budget:
+        return
+    # name the budget as the user gave it: a flag, or the space's [search] table
+    where = f"--budget {budget}" if given.get("budget") is not None else \
+        f"the space's budget {budget} (its [search] table; --budget sets it)"
+    if given.get("population") is not None:
+        raise UserError(f"--population {values['population']} is larger than {where}: the run would end before "
+                        "its first population is evaluated (python -m evoengineer search --help)")
+    fit = max(2, budget)
+    if fit >= values["population"]:
+        return
+    was, elite_was = values["population"], values["elite"]
+    values["population"] = fit
+    if given.get("elite") is None:
+        values["elite"] = min(values["elite"], fit - 1)
+    elif values["elite"] >= fit:
+        raise UserError(f"--elite {values['elite']}: must be smaller than the population, which {where} "
+                        f"makes {fit}")
+    how = f"to fit {where}" if fit == budget else f"(the smallest a population can be) for {where}"
+    print(f"note: population {was} (the default) shrunk to {fit} {how}"
+          + (f", elite {elite_was} to {values['elite']}" if values["elite"] != elite_was else ""),
+          file=sys.stderr)
 
 
 def cluster_population(strategy: str, population: int, elite: int, gpu_workers: int) -> int:
@@ -113,9 +128,10 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
     CandidateFactory(space).from_genome(space.valid_genomes()[0])  # template errors surface before anything is written
     elite_json.check_writable(out, space.name, force=force)
     if s.strategy == "ga" and s.generations > 0 and s.elite > s.population // 2 and not quiet:
+        children = s.population - s.elite
         print(f"warning: --elite {s.elite} of --population {s.population}: the carried elites leave "
-              f"{s.population - s.elite} children per generation (selection barely moves); fine for a one-generation "
-              "screen, not for a search", file=sys.stderr)
+              f"{children} {'child' if children == 1 else 'children'} per generation (selection barely moves); fine "
+              "for a one-generation screen, not for a search", file=sys.stderr)
     if landscape is not None:
         landscape = str(Path(landscape).resolve())
     if cluster is not None and cluster.address == "local" and build_jobs is not None:
@@ -150,9 +166,9 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
 
 def _size_for_cluster(s: SearchSettings, space: SearchSpace, gpu_workers: int, quiet: bool) -> None:
     """Grow the default population to the cluster (cluster_population), within the space and the budget."""
-    p = cluster_population(s.strategy, s.population, s.elite, gpu_workers)
+    p = min(cluster_population(s.strategy, s.population, s.elite, gpu_workers), s.budget or 2**62)
     if s.strategy == "ga":
-        p = min(p, space.count_valid(), s.budget or p)
+        p = min(p, space.count_valid())
     if p > s.population:
         if not quiet:
             print(f"population {p} for {gpu_workers} GPU worker(s) (the default {s.population} would leave workers "
@@ -333,6 +349,10 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
         store.set_run_status(run.id, "interrupted", f"{type(exc).__name__}: {exc}")
         raise
     store.set_run_status(run.id, "finished", reason)
+    if not runner.elite_hashes:  # nothing correct: say why (per failure status, one reason each), not exit 0
+        for line in no_correct_candidate(run.id, runner.records.values()):
+            print(line, file=sys.stderr)
+        return NO_CORRECT_CANDIDATE
     if not quiet:
         print(f"run {run.id} finished ({reason}): {runner.evaluations} evaluations; elites in {out}",
               file=sys.stderr)
