@@ -207,3 +207,23 @@ def test_logit_inputs_and_reference():
     soft = torch.softmax(lg["attention_weights"].double().flatten(-2), -1).view(lg["attention_weights"].shape)
     want = msda.reference({**lg, "attention_weights": soft}, dtype=torch.float64)
     assert torch.allclose(msda.reference(lg, dtype=torch.float64, logits=True), want)
+
+
+@pytest.mark.parametrize("attention", [None, "weights", "logits"])
+def test_the_cpu_templates_header_says_what_attention_weights_holds(attention):
+    """The header names the attention mode the kernel was rendered for (it said "logits" for every kernel)."""
+    from evoengineer import SPACES_DIR
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.space.spec import SearchSpace
+
+    path = SPACES_DIR / "cpu_msda.toml"
+    text = path.read_text()
+    if attention is not None:
+        text = text.replace('VALUE_DTYPE = "float32"\n', f'VALUE_DTYPE = "float32"\nATTENTION = "{attention}"\n')
+    space = SearchSpace.from_text(text, str(path))
+    src = CandidateFactory(space).from_genome(space.valid_genomes()[0]).source
+    header = src[:src.index("#include")]
+    logits = attention == "logits"
+    assert ('ATTENTION = "logits"' in header) == logits
+    assert ('ATTENTION = "weights"' in header) == (not logits)
+    assert f"LOGITS = {'true' if logits else 'false'};" in src
