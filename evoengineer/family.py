@@ -62,7 +62,9 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 @dataclass(frozen=True)
 class Tensor:
     """A tensor argument. ``dims``: per dimension an int, a size symbol (``"rows"``; every use of one symbol must
-    agree) or a product of them (``"M*D"``). ``output``: the kernel writes it (one output per family today).
+    agree) or a product of them (``"M*D"``). ``output``: the kernel writes it (a family may have several).
+    ``inout``: an input the kernel updates in place (its dims give sizes as an input's do; the reference returns its
+    updated value, checked as an output's is; the exported op mutates it).
     ``bounds``: an integer tensor's values must lie in ``[lo, hi)`` (ints or size expressions); the binding reads it
     before the launch (once per unchanged tensor). ``align``: the bytes its data pointer must be a multiple of (e.g.
     16 for 128-bit loads; a view at an odd offset is refused by the binding and copied by the exported op).
@@ -74,6 +76,7 @@ class Tensor:
     dtype: str
     dims: tuple[Union[int, str], ...]
     output: bool = False
+    inout: bool = False
     bounds: tuple[Union[int, str], Union[int, str]] | None = None
     align: int = 0
     strided: bool = False
@@ -122,9 +125,16 @@ class Signature:
                                      f"(known: {', '.join(SCALAR_CTYPES)})")
             else:
                 raise ValueError(f"signature: {a!r} is neither a Tensor nor a Scalar")
-        outs = [a for a in self.args if isinstance(a, Tensor) and a.output]
-        if len(outs) != 1:
-            raise ValueError(f"signature: exactly one output tensor is supported, got {len(outs)}")
+        for t in self.tensors:
+            if t.output and t.inout:
+                raise ValueError(f"signature: {t.name}: output or inout, not both (an inout is an input the kernel "
+                                 "updates)")
+            if t.inout and t.bounds:
+                raise ValueError(f"signature: {t.name}: an inout tensor cannot have bounds (the kernel changes it)")
+        if not self.written:
+            raise ValueError("signature: no tensor is written: declare at least one output=True or inout=True")
+        if not self.inputs:
+            raise ValueError("signature: no input tensor (sizes and the device come from the inputs)")
         bound = self.bound_symbols()
         for a in self.args:
             if isinstance(a, Tensor):
@@ -143,11 +153,29 @@ class Signature:
 
     @property
     def inputs(self) -> list[Tensor]:
+        """What the caller passes: every tensor but the outputs (inouts included)."""
         return [a for a in self.tensors if not a.output]
 
     @property
+    def outputs(self) -> list[Tensor]:
+        return [a for a in self.tensors if a.output]
+
+    @property
+    def written(self) -> list[Tensor]:
+        """What the kernel writes, in declared order: the outputs and the inouts."""
+        return [a for a in self.tensors if a.output or a.inout]
+
+    @property
+    def single(self) -> bool:
+        """One output and no inout: outputs and references are plain tensors (else dicts by name)."""
+        return len(self.outputs) == 1 and not any(t.inout for t in self.tensors)
+
+    @property
     def output(self) -> Tensor:
-        return next(a for a in self.tensors if a.output)
+        """The output of a single-output call (ValueError otherwise)."""
+        if not self.single:
+            raise ValueError("signature: several written tensors: use outputs / written")
+        return self.outputs[0]
 
     @property
     def scalars(self) -> list[Scalar]:
@@ -171,7 +199,8 @@ class Signature:
         for a in self.args:
             if isinstance(a, Tensor):
                 args.append({"kind": "tensor", "name": a.name, "dtype": a.dtype, "dims": list(a.dims),
-                             "output": a.output, **({"bounds": list(a.bounds)} if a.bounds else {}),
+                             "output": a.output, **({"inout": True} if a.inout else {}),
+                             **({"bounds": list(a.bounds)} if a.bounds else {}),
                              **({"align": a.align} if a.align else {}), **({"strided": True} if a.strided else {})})
             else:
                 args.append({"kind": "scalar", "name": a.name, "dtype": a.dtype})
@@ -179,7 +208,7 @@ class Signature:
 
     def c_prototype(self, entry: str) -> str:
         """The entry point's C declaration (for a template's author)."""
-        params = [f"{'void' if a.output else 'const void'}* {a.name}" for a in self.tensors]
+        params = [f"{'void' if a.output or a.inout else 'const void'}* {a.name}" for a in self.tensors]
         params += [f"const int64_t* {a.name}_strides" for a in self.tensors if a.strided]
         params += [f"int64_t {s}" for s in self.size_order()]
         params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
@@ -346,9 +375,11 @@ class Family(ABC):
         declared input (a number or a 0-d tensor per scalar), by name."""
 
     @abstractmethod
-    def reference(self, inputs: Inputs) -> torch.Tensor:
-        """The exact answer in float64 (or the highest precision available), from the inputs by name. Exported
-        ops fall back on it and differentiate it (so write it with differentiable torch operations)."""
+    def reference(self, inputs: Inputs) -> Any:
+        """The exact answer in float64 (or the highest precision available), from the inputs by name: a tensor, or
+        with several written tensors a dict (or tuple, in declared order) of every output and the updated value of
+        every inout. It must not change its inputs. Exported ops fall back on it and differentiate it (so write it
+        with differentiable torch operations)."""
 
     # ---- derived from the declared signature (override when bringing a binding of your own) ------------------------
     @property
@@ -400,7 +431,29 @@ class Family(ABC):
         return DTYPES[self.signature.output.dtype]
 
     def tolerance(self) -> tuple[float, float]:
+        """(atol, rtol) of the output against the float64 reference (by its dtype: `TOLERANCES`)."""
         return TOLERANCES.get(self.output_dtype(), (0.0, 0.0))
+
+    def tolerance_of(self, name: str) -> tuple[float, float]:
+        """(atol, rtol) of one written tensor (`""`: the output of a single-output family). Default: `tolerance()`
+        where the family overrides it, else by the tensor's dtype."""
+        if not name or type(self).tolerance is not Family.tolerance:
+            return self.tolerance()
+        t = next(t for t in self.signature.written if t.name == name)
+        return TOLERANCES.get(DTYPES[t.dtype], (0.0, 0.0))
+
+    def single_output(self) -> bool:
+        """Outputs, references and `launch`'s `out` are one tensor (else dicts by the written tensors' names)."""
+        try:
+            return self.signature.single
+        except NotImplementedError:  # a binding of its own and no declared call: one output
+            return True
+
+    def inout_names(self) -> list[str]:
+        """The inputs the kernel updates in place (it is handed a copy of each, in `out`, never the input itself)."""
+        if self.single_output():
+            return []
+        return [t.name for t in self.signature.written if t.inout]
 
     def sizes_of(self, inputs: Inputs) -> dict[str, int]:
         """The size symbols' values in these inputs."""
@@ -409,24 +462,35 @@ class Family(ABC):
             call = self.__dict__["_call"] = self.signature.to_json()
         return resolve_sizes(call, {t.name: inputs[t.name] for t in self.signature.inputs})
 
-    def new_output(self, inputs: Inputs) -> torch.Tensor:
-        """An output buffer for the candidate, filled with NaN (integers: their minimum) so unwritten elements fail."""
+    def new_output(self, inputs: Inputs) -> Any:
+        """What the candidate writes, made for these inputs: an output filled with NaN (integers: their minimum) so
+        unwritten elements fail; with several written tensors a dict by name, an inout a copy of its input."""
         sig = self.signature
         sizes = {**self.sizes_of(inputs), **sig.fixed}
-        shape = [dim_value(d, sizes) for d in sig.output.dims]
-        dtype = DTYPES[sig.output.dtype]
         device = next((t.device for t in (inputs[a.name] for a in sig.inputs) if isinstance(t, torch.Tensor)),
                       self.device)
-        fill = float("nan") if dtype.is_floating_point else (False if dtype == torch.bool else
-                                                               torch.iinfo(dtype).min)
-        return torch.full(shape, fill, dtype=dtype, device=device)
 
-    def call_args(self, inputs: Inputs, out: torch.Tensor) -> list[Any]:
-        """The binding's positional arguments: the declared order, `out` for the output."""
+        def poisoned(t: Tensor) -> torch.Tensor:
+            dtype = DTYPES[t.dtype]
+            fill = float("nan") if dtype.is_floating_point else (False if dtype == torch.bool else
+                                                                   torch.iinfo(dtype).min)
+            return torch.full([dim_value(d, sizes) for d in t.dims], fill, dtype=dtype, device=device)
+
+        if sig.single:
+            return poisoned(sig.output)
+        return {t.name: inputs[t.name].detach().clone() if t.inout else poisoned(t) for t in sig.written}
+
+    def call_args(self, inputs: Inputs, out: Any) -> list[Any]:
+        """The binding's positional arguments: the declared order, `out` for the output (several written tensors:
+        `out[name]` for each output and inout)."""
         args = []
+        single = self.signature.single
         for a in self.signature.args:
             if isinstance(a, Tensor):
-                args.append(out if a.output else inputs[a.name])
+                if single:
+                    args.append(out if a.output else inputs[a.name])
+                else:
+                    args.append(out[a.name] if a.output or a.inout else inputs[a.name])
             else:
                 v = inputs[a.name]
                 v = v.item() if isinstance(v, torch.Tensor) else v

@@ -244,7 +244,10 @@ def test_generated_binding_checks_every_argument(tmp_path: Path, build_cache: Pa
 def test_declared_signatures_are_checked():
     from evoengineer.family import Scalar, Signature, Tensor
 
-    for args, why in [((Tensor("x", "float32", ("n",)),), "exactly one output"),
+    for args, why in [((Tensor("x", "float32", ("n",)),), "no tensor is written"),
+                      ((Tensor("x", "float32", ("n",), output=True, inout=True),), "output or inout"),
+                      ((Tensor("i", "int64", ("n",), inout=True, bounds=(0, 4)),), "cannot have bounds"),
+                      ((Tensor("o", "float32", (3,), output=True),), "no input tensor"),
                       ((Tensor("x", "float33", ("n",)), Tensor("o", "float32", ("n",), output=True)), "dtype"),
                       ((Tensor("x", "float32", ("n",)), Tensor("o", "float32", ("m",), output=True)), "'m'"),
                       ((Tensor("x", "float32", ("n",)), Tensor("x", "float32", ("n",), output=True)), "repeated"),

@@ -3,7 +3,8 @@ toolchain like a family's own binding.
 
 The generated module's ``forward(*args)`` takes the declared arguments in order (keywords by name), checks each
 before the launch (a tensor: device kind and that every tensor shares the first one's device, dtype, rank,
-contiguity (unless declared strided: then an output must not overlap itself), each dimension against its symbol, fixed size or product; an integer tensor with bounds: its values, read
+contiguity (unless declared strided: then a written tensor must not overlap itself), that a written tensor (output or
+inout) shares no memory with another argument, each dimension against its symbol, fixed size or product; an integer tensor with bounds: its values, read
 once per unchanged tensor and not during CUDA graph capture; a scalar: its Python type), raising ValueError/TypeError
 naming the argument and both values; then calls the entry point on the current stream without the GIL (with the
 workspace protocol when declared), raises RuntimeError on a non-zero status and returns 0. No C++ exception leaves
@@ -41,7 +42,8 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
     args, fixed, order = call["args"], call["fixed"], call["sizes"]
     tensors = [a for a in args if a["kind"] == "tensor"]
     first = next(a for a in tensors if not a["output"])
-    params = [("void*" if a["output"] else "const void*") for a in tensors]
+    writes = [a for a in tensors if a["output"] or a.get("inout")]
+    params = [("void*" if a in writes else "const void*") for a in tensors]
     params += ["const int64_t*" for a in tensors if a.get("strided")]
     params += ["int64_t"] * len(order)
     params += [_SCALAR[a["dtype"]][0] for a in args if a["kind"] == "scalar"]
@@ -65,7 +67,7 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         shown = "[" + ", ".join(str(d) for d in dims) + "]"
         emit(f"  evo_generic_tensor(t_{n}, {_cstr(n)}, {len(dims)}, {_cstr(shown)}, {_AT_DTYPES[a['dtype']]}, "
              f"device, st.signature, {'true' if a.get('strided') else 'false'}, "
-             f"{'true' if a['output'] else 'false'});")
+             f"{'true' if a in writes else 'false'});")
         if a.get("align"):
             emit(f"  evo_generic_align(t_{n}, {_cstr(n)}, {int(a['align'])});")
         for i, d in enumerate(dims):
@@ -95,8 +97,12 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         lo, hi = (" * ".join(str(f) if isinstance(f, int) else f"s_{f}" for f in _factors(b)) for b in a["bounds"])
         emit(f"  evo_generic_bounds(st.checked[{k}], t_{a['name']}, {_cstr(a['name'])}, {lo}, {hi}, "
              f"{_cstr(str(a['bounds'][0]))}, {_cstr(str(a['bounds'][1]))});")
-    out = next(a for a in tensors if a["output"])
-    emit(f"  if (t_{out['name']}.numel() == 0) return evo_return_int(0);")
+    for w in writes:  # a written tensor shares memory with no other argument
+        for a in tensors:
+            if a is not w and not (a in writes and tensors.index(a) < tensors.index(w)):
+                emit(f"  evo_generic_disjoint(t_{w['name']}, {_cstr(w['name'])}, t_{a['name']}, {_cstr(a['name'])});")
+    empty = " && ".join(f"t_{w['name']}.numel() == 0" for w in writes)
+    emit(f"  if ({empty}) return evo_return_int(0);  // nothing to write")
     call_args = [f"t_{a['name']}.data_ptr()" for a in tensors]
     call_args += [f"t_{a['name']}.strides().data()" for a in tensors if a.get("strided")]
     call_args += [f"s_{s}" for s in order]

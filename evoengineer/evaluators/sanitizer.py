@@ -145,6 +145,7 @@ def _main(job_path: str) -> int:
     import torch
 
     from evoengineer.compiler.steps import load_module
+    from evoengineer.evaluators import outputs
     from evoengineer.evaluators.integrity import mismatch
     from evoengineer.space.spec import SearchSpace
     from evoengineer.tasks.base import get_task
@@ -162,11 +163,13 @@ def _main(job_path: str) -> int:
         torch.cuda.synchronize()
     # the reference on the CPU, so that nothing but the candidate runs under the tool's instrumentation for long
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    ref = task.reference(cpu)
-    bad = mismatch(out.cpu(), ref, *task.tolerance())
-    if bad:
-        print(f"{bad} on shape {entry.name}", file=sys.stderr)
-        return WRONG_EXIT
+    names = [""] if task.single_output() else [t.name for t in task.signature.written]
+    refs = outputs.parts(outputs.reference_value(task.reference(cpu), names))
+    for k, got in outputs.parts(out).items():
+        bad = mismatch(got.cpu(), refs[k], *task.tolerance_of(k))
+        if bad:
+            print(f"{'output ' + k + ': ' if k else ''}{bad} on shape {entry.name}", file=sys.stderr)
+            return WRONG_EXIT
     return 0
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer.evaluators.base import state_changed
-from evoengineer.evaluators.integrity import Guarded, ProtectedInputs, as_bits, checksum, mismatch
+from evoengineer.evaluators import outputs as written
+from evoengineer.evaluators.integrity import ProtectedInputs, as_bits, mismatch
 from evoengineer.liveness import exit_with_parent
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "unspecified launch failure", "device-side assert",
@@ -96,6 +97,9 @@ class Session:
         self.space = SearchSpace.from_text(init["space_text"], init["space_path"], check_valid=False)
         self.task = get_task(self.space)
         self.settings = self.task.settings
+        self.single = self.task.single_output()
+        self.inout = self.task.inout_names()
+        self.written = [""] if self.single else [t.name for t in self.task.signature.written]
         self.seed = int(init["seed"])
         self.cache_dir = init.get("cache_dir")
         torch.manual_seed(self.seed)
@@ -146,13 +150,19 @@ class Session:
         raw = self.task.make_inputs(entry.shape, seed)
         s = InputSet(entry, seed, ProtectedInputs(raw, self.canaries))
         if with_ref:
-            s.ref = self.task.reference(s.inputs.pristine)
+            s.ref = self._reference(s)
         return s
 
     def _ref(self, s: InputSet) -> Any:
         if s.ref is None:
-            s.ref = self.task.reference(s.inputs.pristine)
+            s.ref = self._reference(s)
         return s.ref
+
+    def _reference(self, s: InputSet) -> Any:
+        try:
+            return written.reference_value(self.task.reference(s.inputs.pristine), self.written)
+        except ValueError as exc:
+            raise RuntimeError(f"family {self.task.name}: {exc}") from None
 
     def _restore_inputs(self) -> None:
         """Cached inputs are never shared mutable state: back to their pristine bytes before the next candidate."""
@@ -163,12 +173,24 @@ class Session:
         if self.task.device == "cuda":
             self.torch.cuda.synchronize()
 
-    def _output(self, s: InputSet) -> Guarded:
-        return Guarded.holding(self.task.new_output(s.inputs.pristine), self.canaries)
+    def _output(self, s: InputSet) -> written.GuardedOutputs:
+        return written.GuardedOutputs(self.task.new_output(s.inputs.pristine), self.canaries)
 
-    def _poison(self, out: Any) -> None:
-        if out.is_floating_point():
-            out.fill_(float("nan"))
+    def _poison(self, out: Any, s: InputSet | None = None) -> None:
+        """Before a checked call: floating outputs NaN, and (given the call's input set) every inout back to that
+        set's value."""
+        for k, t in written.parts(out).items():
+            if k in self.inout:
+                if s is not None:
+                    t.copy_(s.inputs.pristine[k])
+            elif t.is_floating_point():
+                t.fill_(float("nan"))
+
+    def _reset_inout(self, out: Any, s: InputSet) -> None:
+        """Before any call: every inout back to the call's input set's value (an in-place kernel then does the same
+        work on the same data every call, as it would in a model)."""
+        for k in self.inout:
+            out[k].copy_(s.inputs.pristine[k])
 
     def _time(self, fn, before=None, after=None) -> dict[str, Any]:
         from evoengineer.evaluators.timing import time_callable
@@ -191,7 +213,8 @@ class Session:
                 for name, sets in self.timed.items():
                     out = self.task.new_output(sets[0].inputs)
                     per_shape[name] = self._time(_alternate(
-                        lambda s, out=out, module=module: self.task.launch(module, s.inputs, out), sets))
+                        lambda s, out=out, module=module: self.task.launch(module, s.inputs, out), sets),
+                        before=self._resetter(out, sets))
                 self.baselines[bname] = {"p50": sum(t["p50"] for t in per_shape.values()), "shapes": per_shape}
         return self.baselines
 
@@ -223,6 +246,12 @@ class Session:
         self.started["state"] = self.guard.snapshot()
         self.started["peaks"] = self.gate.describe()
 
+    def _resetter(self, out: Any, sets: list[InputSet]) -> Any:
+        """A timing hook resetting the inouts before call i (None without inouts)."""
+        if not self.inout:
+            return None
+        return lambda i: self._reset_inout(out, sets[i % len(sets)])
+
     def _stream(self):
         """A fresh stream for one candidate (CUDA): attributes it sets on it (an access-policy window) go with it."""
         if self.task.device != "cuda":
@@ -231,38 +260,52 @@ class Session:
         return self.torch.cuda.stream(s), s
 
     # ---- checks ---------------------------------------------------------------------------------------------------
+    def _named(self, k: str, text: str) -> str:
+        return f"output {k}: {text}" if k else text
+
     def _against_reference(self, out: Any, ref: Any, where: str) -> tuple[float, float]:
-        """Raise Rejected unless every output is finite and within tolerance of the reference; else the errors."""
-        atol, _ = self.task.tolerance()
-        bad = mismatch(out, ref, *self.task.tolerance())
-        if bad:
-            raise Rejected(f"{bad} on {where}")
-        got = out.to(self.torch.float64)
-        err = (got - ref.to(got.device)).abs()
-        if not err.numel():
-            return 0.0, 0.0
-        return float(err.max()), float((err / ref.to(got.device).abs().clamp_min(atol)).max())
+        """Raise Rejected unless every written tensor is finite and within tolerance of the reference; else the
+        worst errors."""
+        worst_abs = worst_rel = 0.0
+        refs = written.parts(ref)
+        for k, got in written.parts(out).items():
+            atol, rtol = self.task.tolerance_of(k)
+            bad = mismatch(got, refs[k], atol, rtol)
+            if bad:
+                raise Rejected(f"{self._named(k, bad)} on {where}")
+            got = got.to(self.torch.float64)
+            r = refs[k].to(got.device)
+            err = (got - r).abs()
+            if err.numel():
+                worst_abs = max(worst_abs, float(err.max()))
+                worst_rel = max(worst_rel, float((err / r.abs().clamp_min(atol)).max()))
+        return worst_abs, worst_rel
 
     def _agree(self, first: Any, again: Any, ref: Any) -> str | None:
-        """None if a repeated run's output matches the first (bitwise for deterministic families, else within the
+        """None if a repeated run's outputs match the first (bitwise for deterministic families, else within the
         tolerance of the reference); else how many elements differ."""
         torch = self.torch
-        if self.settings["deterministic"]:
-            diff = as_bits(first) != as_bits(again)
-            kind = "bitwise"
-        else:
-            atol, rtol = self.task.tolerance()
-            diff = (first.to(torch.float64) - again.to(torch.float64)).abs() > atol + rtol * ref.to(first.device).abs()
-            kind = "beyond tolerance"
-        n = int(diff.sum())
-        return f"{n} of {diff.numel()} elements differ {kind}" if n else None
+        refs, seconds = written.parts(ref), written.parts(again)
+        for k, a in written.parts(first).items():
+            b = seconds[k]
+            if self.settings["deterministic"]:
+                diff = as_bits(a) != as_bits(b)
+                kind = "bitwise"
+            else:
+                atol, rtol = self.task.tolerance_of(k)
+                diff = (a.to(torch.float64) - b.to(torch.float64)).abs() > atol + rtol * refs[k].to(a.device).abs()
+                kind = "beyond tolerance"
+            n = int(diff.sum())
+            if n:
+                return self._named(k, f"{n} of {diff.numel()} elements differ {kind}")
+        return None
 
     def _unwritten(self, out: Any) -> int:
         """Outputs still holding the NaN poison (or made NaN/Inf) after a call."""
-        return int((~self.torch.isfinite(out)).sum()) if out.is_floating_point() else 0
+        return written.unwritten(out)
 
-    def _verify_memory(self, s: InputSet, out: Guarded, where: str) -> None:
-        bad = out.damage("output") or s.inputs.verify()
+    def _verify_memory(self, s: InputSet, out: written.GuardedOutputs, where: str) -> None:
+        bad = out.damage() or s.inputs.verify()
         if bad:
             raise Rejected(f"{bad} on {where}")
 
@@ -283,7 +326,7 @@ class Session:
             out = self._output(s)
             first = None
             for r in range(runs):
-                self._poison(out.tensor)
+                self._poison(out.tensor, s)
                 self.task.launch(module, s.inputs, out.tensor)
                 self._sync()
                 where = s.where if runs == 1 else f"{s.where}, run {r + 1} of {runs}"
@@ -296,11 +339,12 @@ class Session:
                         extra[k] = max(extra.get(k, v), v)
                     if not ok:
                         raise Rejected(f"{reason} on {where}")
-                    first = out.tensor.clone()
+                    first = written.clone(out.tensor)
                     continue
                 unwritten = self._unwritten(out.tensor)
                 if unwritten:
-                    raise Rejected(f"stale output: run {r + 1} of {runs} left {unwritten} of {out.tensor.numel()} "
+                    raise Rejected(f"stale output: run {r + 1} of {runs} left {unwritten} of "
+                                   f"{written.numel(out.tensor)} "
                                    f"outputs unwritten (NaN) on {s.where}")
                 diff = self._agree(first, out.tensor, s.ref)
                 if diff:
@@ -331,17 +375,21 @@ class Session:
             sample = last | set(rng.sample(others, min(max(int(st["check_calls"]) - len(last), 0), len(others))))
             kept: dict[int, Any] = {}
             deterministic = bool(st["deterministic"])
-            sums = torch.zeros(total, dtype=torch.int64 if deterministic else torch.float64, device=out.tensor.device)
+            device = next(iter(written.parts(out.tensor).values())).device
+            sums = torch.zeros(total, dtype=torch.int64 if deterministic else torch.float64, device=device)
             weights = None if deterministic else self._weighting(name, sets)[0]
 
-            def before(i: int, out=out, sample=sample) -> None:
+            def before(i: int, out=out, sample=sample, sets=sets) -> None:
+                if self.inout:
+                    self._reset_inout(out.tensor, sets[i % len(sets)])
                 if i in sample:
                     self._poison(out.tensor)
 
             def after(i: int, out=out, sample=sample, kept=kept, sums=sums, weights=weights) -> None:
-                sums[i] = checksum(out.tensor) if weights is None else (out.tensor.to(torch.float64) * weights).sum()
+                sums[i] = (written.fingerprint(out.tensor) if weights is None else
+                           written.weighted_sum(out.tensor, weights))
                 if i in sample:
-                    kept[i] = out.tensor.clone()
+                    kept[i] = written.clone(out.tensor)
 
             per_shape[name] = self._time(_alternate(lambda s, out=out: self.task.launch(module, s.inputs, out.tensor),
                                                     sets), before, after)
@@ -352,13 +400,14 @@ class Session:
                 unwritten = self._unwritten(kept[i])
                 if unwritten:
                     raise Rejected(f"stale output: timed call {i + 1} of {total} left {unwritten} of "
-                                   f"{kept[i].numel()} outputs unwritten (NaN) when it returned, on shape {name}")
+                                   f"{written.numel(kept[i])} outputs unwritten (NaN) when it returned, on shape "
+                                   f"{name}")
             for i in sorted(kept):
                 self._against_reference(kept[i], self._ref(sets[i % n]),
                                         f"shape {name}, timed call {i + 1} of {total} (input set {i % n + 1} of {n})")
             self._fingerprints_agree(name, sets, sums.tolist(), kept, weights)
             for k, s in enumerate(sets):  # checked again once the timing loop is over
-                self._poison(out.tensor)
+                self._poison(out.tensor, s)
                 self.task.launch(module, s.inputs, out.tensor)
                 self._sync()
                 where = f"shape {name} (input set {k + 1} of {n}), the call after the timing loop"
@@ -375,11 +424,19 @@ class Session:
         the tolerance can be from it."""
         if name not in self._weightings:
             torch = self.torch
-            refs = [self._ref(s) for s in sets]
-            weights = torch.rand(refs[0].shape, dtype=torch.float64, generator=self.canaries).to(refs[0].device)
-            atol, rtol = self.task.tolerance()
+            refs = [written.parts(self._ref(s)) for s in sets]
+            weights = {k: torch.rand(r.shape, dtype=torch.float64, generator=self.canaries).to(r.device)
+                       for k, r in refs[0].items()}
+
+            def bound(r: dict[str, Any]) -> float:
+                total = 0.0
+                for k, w in weights.items():
+                    atol, rtol = self.task.tolerance_of(k)
+                    total += float((w * (atol + rtol * r[k].to(torch.float64).abs())).sum())
+                return total * 1.01 + 1e-12
+
             self._weightings[name] = (weights, [
-                (float((r * weights).sum()), float((weights * (atol + rtol * r.abs())).sum()) * 1.01 + 1e-12)
+                (float(sum((r[k].to(torch.float64) * w).sum() for k, w in weights.items())), bound(r))
                 for r in refs])
         return self._weightings[name]
 
@@ -391,7 +448,7 @@ class Session:
         if weights is None:
             expected = {}
             for i, out in kept.items():
-                expected.setdefault(i % n, int(checksum(out)))
+                expected.setdefault(i % n, int(written.fingerprint(out)))
             for i, v in enumerate(values):
                 want = expected.get(i % n)
                 if want is None or v == want:
@@ -476,6 +533,8 @@ class Session:
                 for t in s.inputs.values():  # the worker reads the inputs: both sides of a pair start warm
                     if isinstance(t, self.torch.Tensor) and t.numel():
                         t.detach().reshape(-1).contiguous().view(self.torch.uint8).sum()  # bytes: any dtype
+                if self.inout:
+                    self._reset_inout(out, s)
                 return self._time_n(lambda: self.task.launch(module, s.inputs, out), 0, 1)[0]
 
             pairs = []
@@ -524,14 +583,17 @@ class Session:
         exceed the eager time by more than launch effects explain."""
         torch = self.torch
         n = len(sets)
-        out = self._output(sets[0])
+        # one output for every call; with inouts one per call (each call updates its own copy once, reset before a
+        # replay outside the timed region)
+        outs = ([self._output(sets[k % n]) for k in range(GRAPH_CALLS)] if self.inout else
+                [self._output(sets[0])] * GRAPH_CALLS)
         g = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
             g.capture_begin()
             try:
                 for k in range(GRAPH_CALLS):
-                    self.task.launch(module, sets[k % n].inputs, out.tensor)
+                    self.task.launch(module, sets[k % n].inputs, outs[k].tensor)
             finally:
                 g.capture_end()
         except Exception as exc:  # noqa: BLE001 - any failure inside capture is the candidate's
@@ -540,16 +602,20 @@ class Session:
                 raise Rejected(f"work left running on another stream (inside a CUDA graph capture on shape {name}: "
                                f"{text})", "implausible") from None
             raise Rejected(f"does not run inside a CUDA graph on shape {name}: {text}") from None
-        s = sets[(GRAPH_CALLS - 1) % n]
-        self._poison(out.tensor)
+        checked = range(GRAPH_CALLS) if self.inout else [GRAPH_CALLS - 1]  # the calls whose output the replay leaves
+        for k in checked:
+            self._poison(outs[k].tensor, sets[k % n])
         g.replay()
         torch.cuda.synchronize()
         where = f"shape {name}, replay of a CUDA graph of {GRAPH_CALLS} calls"
-        self._verify_memory(s, out, where)
-        self._against_reference(out.tensor, self._ref(s), where)
+        for k in checked:
+            self._verify_memory(sets[k % n], outs[k], where)
+            self._against_reference(outs[k].tensor, self._ref(sets[k % n]), where)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(GRAPH_REPLAYS)]
         for a, b in ev:
+            for k in (checked if self.inout else ()):
+                self._reset_inout(outs[k].tensor, sets[k % n])
             a.record()
             g.replay()
             b.record()
@@ -687,7 +753,7 @@ class Session:
             try:
                 for s in sets.values():  # right on inputs it has never seen, before it is timed on them
                     out = self._output(s)
-                    self._poison(out.tensor)
+                    self._poison(out.tensor, s)
                     self.task.launch(module, s.inputs, out.tensor)
                     self._sync()
                     where = f"re-timing inputs of {s.where}"
@@ -708,6 +774,7 @@ class Session:
             name, module = next(iter(self.kernels.items()))
             base_outs = {n: self.task.new_output(s.inputs) for n, s in sets.items()}
             base_fn = (name, lambda: [self.task.launch(module, s.inputs, base_outs[n]) for n, s in sets.items()])
+            # (inouts are not reset between a baseline kernel's re-timed calls: each call still does the same work)
         outs = {h: {n: self.task.new_output(s.inputs) for n, s in sets.items()} for h in loaded}
         st = self.settings
         samples: dict[str, list[list[float]]] = {h: [] for h in loaded}
@@ -726,7 +793,8 @@ class Session:
                 with ctx:
                     for n, s in sets.items():  # a candidate's time is the sum over the timed shapes, as in the search
                         t = self._time_n(lambda module=module, s=s, out=outs[h][n]:
-                                         self.task.launch(module, s.inputs, out), warmup, repeats)
+                                         self.task.launch(module, s.inputs, out), warmup, repeats,
+                                         before=self._resetter(outs[h][n], [s]))
                         per_round.append(t)
                 changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
                 if changes:  # restored; the finalist cannot be an elite
@@ -746,12 +814,13 @@ class Session:
                 "cache": "L2 flushed before every call" if (self.task.device == "cuda" and st["l2_flush"])
                 else ("L2 warm (same inputs every call)" if self.task.device == "cuda" else "warm (CPU)")}
 
-    def _time_n(self, fn, warmup: int, repeats: int) -> list[float]:
-        """Per-call microseconds of `repeats` calls after `warmup` (the search's timing method and cache setting)."""
-        from evoengineer.evaluators.timing import time_samples
+    def _time_n(self, fn, warmup: int, repeats: int, before: Any = None) -> list[float]:
+        """Per-call microseconds of `repeats` calls after `warmup` (the search's timing method and cache setting);
+        `before(i)` runs ahead of call i, untimed."""
+        from evoengineer.evaluators.timing import time_callable
 
-        return time_samples(fn, device=self.task.device, warmup=warmup, repeats=repeats,
-                            flush_l2=bool(self.settings["l2_flush"]))
+        return time_callable(fn, device=self.task.device, warmup=warmup, repeats=repeats,
+                             flush_l2=bool(self.settings["l2_flush"]), before=before, keep_samples=True)["samples"]
 
 
 def _changed(changes: list[Any]) -> str:

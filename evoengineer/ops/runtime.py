@@ -328,27 +328,33 @@ class OpAdapter:
 
 
 class DeclaredOp(OpAdapter):
-    """The op of a declared call: ``function(*inputs, *scalars)`` in declared order (keywords by name) returns the
-    output; `reference(args by name)` is the fallback and, differentiated, the backward."""
+    """The op of a declared call: ``function(*inputs, *scalars)`` in declared order (keywords by name; inouts among
+    the inputs, updated in place) returns the output, a tuple of the outputs when there are several, or None when
+    the call only updates inouts; `reference(args by name)` is the fallback and, differentiated, the backward (not
+    for a call with inouts: torch differentiates no op that mutates its inputs)."""
 
-    def __init__(self, call: dict[str, Any], reference: Callable[[dict[str, Any]], torch.Tensor], *,
+    def __init__(self, call: dict[str, Any], reference: Callable[[dict[str, Any]], Any], *,
                  name: str = "forward"):
         self.call = call
         self.reference = reference
         self.function_name = name
         self.params = [a for a in call["args"] if not (a["kind"] == "tensor" and a["output"])]
         self.names = [a["name"] for a in self.params]
-        self.out = next(a for a in call["args"] if a["kind"] == "tensor" and a["output"])
-        self.out_dtype = DTYPES[self.out["dtype"]]
+        self.outs = [a for a in call["args"] if a["kind"] == "tensor" and a["output"]]
+        self.inouts = [a["name"] for a in self.params if a["kind"] == "tensor" and a.get("inout")]
+        self.written = [a["name"] for a in call["args"] if a["kind"] == "tensor" and (a["output"] or a.get("inout"))]
+        self.single = len(self.outs) == 1 and not self.inouts  # the reference returns a tensor, not a dict
+        self.out_dtypes = [DTYPES[a["dtype"]] for a in self.outs]
+        self.out_dtype = self.out_dtypes[0] if self.outs else None
         # the float inputs have gradients (through the reference)
         self.grads = [a["name"] for a in self.params
                       if a["kind"] == "tensor" and DTYPES[a["dtype"]].is_floating_point]
-        # the eager path's plan, made once: where the output goes among the binding's arguments, which argument and
-        # dimension gives each size symbol, the output's dims from them
-        self._out_at = call["args"].index(self.out)
+        # the eager path's plan, made once: where the outputs go among the binding's arguments, which argument and
+        # dimension gives each size symbol, the outputs' dims from them
+        self._out_at = [call["args"].index(a) for a in self.outs]
         self._first = next(i for i, a in enumerate(self.params) if a["kind"] == "tensor")
         source = {k: (self.names.index(n), i) for k, (n, i) in size_sources(call).items()}
-        self._out_dims = [self._dim_getter(d, source, call["fixed"]) for d in self.out["dims"]]
+        self._out_dims = [[self._dim_getter(d, source, call["fixed"]) for d in a["dims"]] for a in self.outs]
 
     @staticmethod
     def _dim_getter(dim: Any, source: dict[str, tuple[int, int]], fixed: dict[str, int]) -> Callable[[tuple], Any]:
@@ -389,49 +395,93 @@ class DeclaredOp(OpAdapter):
             raise TypeError(f"{self.function_name}() missing argument(s) {missing}")
         return values
 
-    def out_shape(self, values: dict[str, Any]) -> list[Any]:
+    def out_shapes(self, values: dict[str, Any]) -> list[list[Any]]:
         sizes = resolve_sizes(self.call, values)
-        return [dim_value(d, sizes) for d in self.out["dims"]]
+        return [[dim_value(d, sizes) for d in a["dims"]] for a in self.outs]
 
-    def _binding_args(self, values: dict[str, Any], out: torch.Tensor) -> list[Any]:
-        return [out if (a["kind"] == "tensor" and a["output"]) else values[a["name"]] for a in self.call["args"]]
+    def out_shape(self, values: dict[str, Any]) -> list[Any]:
+        return self.out_shapes(values)[0]
 
-    def _reference(self, values: dict[str, Any]) -> torch.Tensor:
-        return self.reference(dict(values)).to(self.out_dtype)
+    def _new_outs(self, values: dict[str, Any], device: Any) -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in zip(self.out_shapes(values),
+                                                                                  self.out_dtypes)]
+
+    def _binding_args(self, values: dict[str, Any], outs: list[torch.Tensor]) -> list[Any]:
+        by_name = {a["name"]: t for a, t in zip(self.outs, outs)}
+        return [by_name[a["name"]] if (a["kind"] == "tensor" and a["output"]) else values[a["name"]]
+                for a in self.call["args"]]
+
+    def _result(self, outs: list[torch.Tensor]) -> Any:
+        if len(outs) == 1:
+            return outs[0]
+        return tuple(outs) if outs else None
+
+    def _ref_parts(self, values: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The reference's written tensors by name (a single output's under its name)."""
+        ref = self.reference(dict(values))
+        if self.single:
+            return {self.outs[0]["name"]: ref}
+        if isinstance(ref, (tuple, list)):
+            ref = dict(zip(self.written, ref))
+        return ref
+
+    def _reference(self, values: dict[str, Any]) -> Any:
+        """The fallback: the reference's outputs in their dtypes, and each inout updated with its value."""
+        got = self._ref_parts(values)
+        for n in self.inouts:
+            values[n].copy_(got[n].to(values[n].dtype))
+        return self._result([got[a["name"]].to(dt) for a, dt in zip(self.outs, self.out_dtypes)])
+
+    def _schema(self) -> str:
+        marks = iter("abcdefghijklmnopqrstuvwxyz")
+        params = ", ".join((f"Tensor({next(marks)}!) {a['name']}" if a["name"] in self.inouts else
+                            f"{_schema_type(a)} {a['name']}") for a in self.params)
+        returns = "Tensor" if len(self.outs) == 1 else "(" + ", ".join("Tensor" for _ in self.outs) + ")"
+        return f"({params}) -> {returns}"
 
     def register(self, name: str) -> tuple[Any, Any]:
         kop, adapter = self.kop, self
-        params = ", ".join(f"{_schema_type(a)} {a['name']}" for a in self.params)
 
         def forward(*args):
+            given = args
             args = tuple(adapter._aligned(a, v) for a, v in zip(adapter.params, args))
             values = dict(zip(adapter.names, args))
             first = next(v for v in args if isinstance(v, torch.Tensor))
-            out = torch.empty(adapter.out_shape(values), dtype=adapter.out_dtype, device=first.device)
-            rc = kop.module.forward(*adapter._binding_args(values, out))
+            outs = adapter._new_outs(values, first.device)
+            rc = kop.module.forward(*adapter._binding_args(values, outs))
             if rc:
                 raise RuntimeError(f"{adapter.function_name} kernel returned status {rc}")
-            return out
+            adapter._copy_back(dict(zip(adapter.names, given)), values)
+            return adapter._result(outs)
 
-        op = torch.library.custom_op(f"{_NAMESPACE}::{name}", forward, mutates_args=(),
-                                     schema=f"({params}) -> Tensor")
+        op = torch.library.custom_op(f"{_NAMESPACE}::{name}", forward, mutates_args=tuple(self.inouts),
+                                     schema=self._schema())
 
         @op.register_fake
         def _(*args):
             values = dict(zip(adapter.names, args))
             first = next(v for v in args if isinstance(v, torch.Tensor))
-            return first.new_empty(adapter.out_shape(values), dtype=adapter.out_dtype)
+            return adapter._result([first.new_empty(shape, dtype=dt)
+                                    for shape, dt in zip(adapter.out_shapes(values), adapter.out_dtypes)])
 
+        if self.inouts or not self.outs:
+            return op, None  # no autograd for an op that mutates its inputs
         grads = self.grads
 
         def backward_of(grad, *args):
-            """Gradients of the reference (float64) at these arguments, for the float inputs. Not a custom op: a
-            custom op's body runs below autograd, where the reference could not be differentiated."""
+            """Gradients of the reference (float64) at these arguments, for the float inputs (`grad`: the output's
+            gradient, or a tuple, one per output). Not a custom op: a custom op's body runs below autograd, where
+            the reference could not be differentiated."""
             values = dict(zip(adapter.names, args))
+            grad_outs = list(grad) if isinstance(grad, (tuple, list)) else [grad]
             with torch.enable_grad():
                 leaves = {n: values[n].detach().to(torch.float64).requires_grad_() for n in grads}
-                out = adapter.reference({**values, **leaves})
-                got = torch.autograd.grad(out, [leaves[n] for n in grads], grad.to(out.dtype), allow_unused=True)
+                ref = adapter._ref_parts({**values, **leaves})
+                outs = [ref[a["name"]] for a in adapter.outs]
+                pairs = [(o, g) for o, g in zip(outs, grad_outs) if g is not None and o.requires_grad]
+                got = (torch.autograd.grad([o for o, _ in pairs], [leaves[n] for n in grads],
+                                           [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+                       if pairs else [None] * len(grads))
             return [torch.zeros_like(values[n]) if g is None else g.to(values[n].dtype)
                     for n, g in zip(grads, got)]
 
@@ -439,46 +489,60 @@ class DeclaredOp(OpAdapter):
             ctx.save_for_backward(*[v for v in inputs if isinstance(v, torch.Tensor)])
             ctx.scalars = [v for v in inputs if not isinstance(v, torch.Tensor)]
 
-        def backward(ctx, grad):
+        def backward(ctx, *grad):
             tensors, scalars = list(ctx.saved_tensors), list(ctx.scalars)
             args = [tensors.pop(0) if a["kind"] == "tensor" else scalars.pop(0) for a in adapter.params]
-            got = dict(zip(grads, backward_of(grad, *args)))
+            got = dict(zip(grads, backward_of(grad if len(grad) > 1 else grad[0], *args)))
             return tuple(got.get(a["name"]) for a in adapter.params)
 
         op.register_autograd(backward, setup_context=setup_context)
         return op, backward_of
 
-    def function(self, *args, **kwargs) -> torch.Tensor:
+    def _copy_back(self, given: dict[str, Any], used: dict[str, Any]) -> None:
+        """An inout the kernel updated in a copy (made contiguous or aligned for it): the update goes back."""
+        for n in self.inouts:
+            if used[n] is not given[n]:
+                given[n].copy_(used[n])
+
+    def function(self, *args, **kwargs) -> Any:
         kop = self.kop
         if not kwargs and len(args) == len(self.names) and kop.eager(*args):  # positional: the cheapest path
-            def positional() -> tuple[torch.Tensor, list[Any]]:
-                out = args[self._first].new_empty([d(args) for d in self._out_dims], dtype=self.out_dtype)
-                return out, [*args[:self._out_at], out, *args[self._out_at:]]
+            def positional() -> tuple[tuple[Any], list[Any]]:
+                first = args[self._first]
+                outs = [first.new_empty([d(args) for d in dims], dtype=dt)
+                        for dims, dt in zip(self._out_dims, self.out_dtypes)]
+                binding = list(args)
+                for at, out in zip(self._out_at, outs):  # in call order: each output's place among the arguments
+                    binding.insert(at, out)
+                return (self._result(outs),), binding
 
-            out = self.direct(positional)
-            if out is not None:
-                return out
+            done = self.direct(positional)
+            if done is not None:
+                return done[0]
         values = self._values(args, kwargs)
         ordered = [values[n] for n in self.names]
         tensors = [v for v in ordered if isinstance(v, torch.Tensor)]
         if kwargs and kop.eager(*tensors):
-            def named() -> tuple[torch.Tensor, list[Any]]:
-                out = torch.empty(self.out_shape(values), dtype=self.out_dtype, device=tensors[0].device)
-                return out, self._binding_args(values, out)
+            def named() -> tuple[tuple[Any], list[Any]]:
+                outs = self._new_outs(values, tensors[0].device)
+                return (self._result(outs),), self._binding_args(values, outs)
 
-            out = self.direct(named)
-            if out is not None:
-                return out
+            done = self.direct(named)
+            if done is not None:
+                return done[0]
         misfit = _call_misfit(self.call, values, kop.device_type)
         if misfit is not None:
             kop.outside(*misfit)
             return self._reference(values)
-        return kop.op(*[self._prepared(a, values[a["name"]]) for a in self.params])
+        prepared = {a["name"]: self._prepared(a, values[a["name"]]) for a in self.params}
+        result = kop.op(*[prepared[n] for n in self.names])
+        self._copy_back(values, prepared)
+        return result
 
     @staticmethod
     def _prepared(a: dict[str, Any], v: Any) -> Any:
         """A tensor as the op takes it: contiguous unless declared strided (alignment is seen to inside the op, on
-        real data)."""
+        real data; an inout made contiguous here is copied back after the call)."""
         return v.contiguous() if isinstance(v, torch.Tensor) and not a.get("strided") else v
 
     @staticmethod

@@ -19,11 +19,13 @@ using namespace at;  // torch::Tensor, torch::kLong, ... as torch/types.h spells
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
 #include <cstring>
 #include <exception>
+#include <utility>
 #include <map>
 #include <memory>
 #include <optional>
@@ -477,6 +479,23 @@ inline void evo_generic_align(const at::Tensor& t, const char* name, int64_t ali
   EVO_CHECK_VALUE(t.numel() == 0 || address % static_cast<uintptr_t>(align) == 0, name, ": data at byte offset ",
                   static_cast<int64_t>(address % static_cast<uintptr_t>(align)), " from a ", align,
                   "-byte boundary; this kernel needs ", align, "-byte aligned data (a view at an offset? pass a copy)");
+}
+
+// A tensor the kernel writes shares no byte with another argument (an in-place update through two arguments, or
+// an output that is also read, gives whatever order the kernel's threads happen to run in).
+inline std::pair<uintptr_t, uintptr_t> evo_byte_span(const at::Tensor& t) {
+  const auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
+  int64_t last = 0;  // element offset of the furthest element (strides are non-negative for declared tensors)
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * std::max<int64_t>(t.stride(i), 0);
+  return {start, start + static_cast<uintptr_t>((last + 1) * t.element_size())};
+}
+
+inline void evo_generic_disjoint(const at::Tensor& written, const char* name, const at::Tensor& other,
+                                 const char* other_name) {
+  if (written.numel() == 0 || other.numel() == 0) return;
+  const auto a = evo_byte_span(written), b = evo_byte_span(other);
+  EVO_CHECK_VALUE(a.second <= b.first || b.second <= a.first, name, " and ", other_name,
+                  " share memory; a tensor the kernel writes must not overlap another argument (pass a copy)");
 }
 
 // Dimension `i` of a declared tensor against the size it must have (`what`: its symbol or product; `from`: the
