@@ -90,15 +90,18 @@ def test_family_in_a_folder_search_kill_resume_export_load(tmp_path: Path, build
     r = _search(whole, "--strategy", "random")
     assert r.returncode == 0, r.stderr
     cut = _family_dir(tmp_path / "cut")
+    # its own process group: the kill -9 takes the builders' fork server, its pool processes and the resource
+    # tracker too (killed with the search alone they would outlive the test suite, orphans blocked on their queue)
     proc = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", "--space", "row_softmax.toml", "--db",
                              "sqlite:///run.db", "--out", "elite.json", "--seed", "3", "--strategy", "random"],
-                            cwd=cut, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=cut, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 300
     while stored_count(cut / "run.db") < 3:
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     done_before = _evaluated(cut / "run.db")
     assert 3 <= len(done_before) < 8
@@ -361,3 +364,21 @@ def test_strided_tensors_reach_the_kernel_with_their_strides(tmp_path: Path, bui
     got = task.new_output(inputs)
     task.launch(mod, inputs, got)
     assert torch.equal(got, inputs["x"] * 2)
+
+
+def test_a_baseline_that_misses_the_reference_is_reported_before_the_search(tmp_path: Path, build_cache: Path):
+    """The family's baselines are checked once per shape with the candidates' tolerance: one that misses says so in
+    one line (here a baseline that forgets the scale), and the search goes on."""
+    d = _family_dir(tmp_path, budget=2)
+    fam = d / "family.py"
+    text = fam.read_text()
+    assert 'torch.softmax(inputs["x"] * inputs["scale"], dim=-1)}' in text
+    fam.write_text(text.replace('torch.softmax(inputs["x"] * inputs["scale"], dim=-1)}',
+                                'torch.softmax(inputs["x"], dim=-1)}'))
+    r = _search(d, "--strategy", "random", "--budget", "2")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: baseline torch misses the reference")]
+    shapes = {ln.split("on shape ")[1].split(":")[0] for ln in lines}
+    assert shapes == {"odd", "one_row", "timed"}, r.stderr
+    assert "max abs err" in lines[0] and "check make_inputs and reference" in lines[0]
+    assert r.stderr.index(lines[0]) < r.stderr.index("evaluated 2/2")

@@ -58,6 +58,7 @@ def test_search_export_and_the_op_updates_in_place(tmp_path: Path, build_cache: 
                        cwd=d, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "valid 3" in r.stderr + r.stdout, r.stderr
+    assert "warning: baseline" not in r.stderr, r.stderr  # its (out, rstd) checked against the reference's
 
     monkeypatch.chdir(d)
     assert main(["export", "elite.json", "--out", str(tmp_path / "pkg"), "--family", "family.py:AddRmsNorm"]) == 0

@@ -186,6 +186,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         self._baseline_builds: list[dict[str, str]] | None = None
         self._baseline_futures: dict[str, tuple[str, Future[BuildResult]]] | None = None
         self._starting: Future[WorkerProcess] | None = None  # the first worker, started beside the first builds
+        self.baselines_off: list[str] = []  # the family's baselines that miss the reference (worker.check_baselines)
         self.replaced: list[str] = []  # why workers were replaced (state left behind, sentinel drift)
         self._t_created = time.monotonic()
         self._start_marks: dict[str, float] = {}  # start_timeline()
@@ -256,6 +257,10 @@ class LocalEvaluator(BuildAheadEvaluator):
             reply = worker.request({"cmd": "hello", "baselines": not for_retiming}, timeout)
             if not reply.get("ok"):
                 raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+            for line in reply.get("baselines_off", []):  # said once, before the first candidate's result
+                if line not in self.baselines_off:
+                    self.baselines_off.append(line)
+                    print(f"warning: {line}", file=sys.stderr, flush=True)
             self._mark("worker ready")
         except BaseException:
             worker.close()

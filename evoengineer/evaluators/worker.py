@@ -724,9 +724,52 @@ class Session:
         return {"status": "ok", "reason": "", "metrics": metrics}
 
     def hello(self, baselines: bool = True) -> dict[str, Any]:
-        """What the worker measures with (after the guards started): sentinel times, state, device peaks."""
+        """What the worker measures with (after the guards started): sentinel times, state, device peaks; and the
+        family's baselines that miss the reference (`baselines_off`: one line each)."""
+        off = self.check_baselines() if baselines else []
         self._start_guards(baselines=baselines)
-        return {"ok": True, **self.started}
+        return {"ok": True, **self.started, "baselines_off": off}
+
+    def check_baselines(self) -> list[str]:
+        """Each of the family's baseline callables once per shape against the reference, with the tolerance the
+        candidates are held to: one line per shape it misses (an input distribution that even the baseline cannot
+        meet shows here, not only as candidates rejected one after another)."""
+        torch = self.torch
+        found: list[str] = []
+        outs = [""] if self.single else [t.name for t in self.task.signature.outputs]
+        for bname, fn in self.task.baselines().items():
+            for e in self.task.entries:
+                s = next((x for x in self.sets if x.entry is e), None) or (self.timed.get(e.name) or [None])[0]
+                if s is None:
+                    s = self._input_set(e, self._seed(e.name, 0, "baseline-check"), with_ref=False)
+                try:
+                    with torch.no_grad():
+                        got = fn(s.inputs)
+                    self._sync()
+                    refs = written.parts(self._ref(s))
+                    if isinstance(got, torch.Tensor):
+                        pairs = {outs[0]: got}
+                    elif isinstance(got, (tuple, list)):
+                        pairs = dict(zip(self.written if len(got) == len(self.written) else outs, got))
+                    elif isinstance(got, dict):
+                        pairs = {k: v for k, v in got.items() if k in refs}
+                    else:
+                        continue  # a baseline that returns nothing to compare (e.g. it writes in place)
+                    for k, v in pairs.items():
+                        if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(refs[k].shape):
+                            continue
+                        bad = mismatch(v, refs[k], *self.task.tolerance_of(k))
+                        if bad:
+                            found.append(f"baseline {bname} misses the reference on shape {e.name}"
+                                         f"{' (' + k + ')' if k else ''}: {bad}; candidates are held to the same "
+                                         "tolerance (check make_inputs and reference)")
+                            break
+                except Exception as exc:  # noqa: BLE001 - a baseline that fails here is reported, not fatal
+                    found.append(f"baseline {bname} failed on shape {e.name}: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                finally:
+                    s.inputs.verify_and_restore()
+        return found
 
     # ---- re-timing of the finalists ---------------------------------------------------------------------------
     def retime(self, msg: dict[str, Any]) -> dict[str, Any]:
