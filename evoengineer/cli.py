@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--run", type=_positive_int, help="run id (default: newest run)")
     e.add_argument("--json", action="store_true")
 
+    c = sub.add_parser("check", help="render, compile and gate a few genomes of a space (no GPU needed, no search)")
+    c.add_argument("--space", required=True, help="space file or shipped space name")
+    c.add_argument("--genomes", type=_positive_int, default=3, help="how many genomes, drawn at random (default 3)")
+    c.add_argument("--seed", type=_positive_int, default=0, help="which genomes (default 0)")
+    c.add_argument("--cache-dir", help="build cache (default $EVOENGINEER_CACHE or ~/.cache/evoengineer)")
+
     sub.add_parser("spaces", help="list the shipped spaces with their number of valid configurations")
     sub.add_parser("families", help="list the shipped and installed kernel families with their templates")
 
@@ -209,6 +215,17 @@ def cmd_search(a: argparse.Namespace) -> int:
                         force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
                         cluster=_cluster_options(a), seed=a.seed, population=a.population,
                         generations=a.generations, elite=a.elite, budget=a.budget)
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    from evoengineer.check import check_space
+    from evoengineer.space.spec import load_space, resolve_space_arg
+
+    if a.genomes < 1:
+        raise UserError("--genomes: at least 1")
+    space = load_space(resolve_space_arg(a.space))
+    return check_space(space, genomes=a.genomes, seed=a.seed, cache_dir=a.cache_dir,
+                       say=lambda text: print(text, flush=True))
 
 
 def cmd_resume(a: argparse.Namespace) -> int:
@@ -381,7 +398,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
             "spaces": cmd_spaces, "families": cmd_families, "landscape": cmd_landscape, "report": cmd_report,
-            "export": cmd_export, "worker": cmd_worker}
+            "export": cmd_export, "worker": cmd_worker, "check": cmd_check}
 
 
 def main(argv: list[str] | None = None) -> int:

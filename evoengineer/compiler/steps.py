@@ -237,6 +237,36 @@ def _build_cubin(job: dict[str, Any], out_dir: Path, kernel: Path, t0: float) ->
     return {"status": "ok", "so": str(cubin), "build_s": time.perf_counter() - t0, "metrics": metrics}
 
 
+def compile_checked(job: dict[str, Any]) -> dict[str, Any]:
+    """A CUDA candidate compiled and gated, nothing linked or loaded (`evoengineer check`: no GPU, no family binding
+    needed): an object with host code, or with `device_only` a cubin (and its launch traits). Status, reason, log,
+    build_s and the ptxas report in metrics."""
+    from evoengineer.ops.runtime import write_if_changed
+
+    _set_arch(job)
+    out_dir = Path(job["dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kernel = out_dir / f"kernel{job['suffix']}"
+    write_if_changed(kernel, job["source"])
+    t0 = time.perf_counter()
+    device_only = bool(job.get("device_only"))
+    out = out_dir / ("kernel.cubin" if device_only else "kernel.o")
+    failed, metrics = _compile_gated(job, kernel, out, t0, device_only=device_only)
+    if failed:
+        return failed
+    if device_only:
+        import struct
+
+        from evoengineer.compiler.cubin import cubin_traits
+
+        try:
+            metrics["launch_traits"] = cubin_traits(out)
+        except (OSError, ValueError, struct.error) as exc:
+            return {"status": "build_error", "reason": f"kernel.cubin: {exc}", "metrics": metrics,
+                    "build_s": time.perf_counter() - t0}
+    return {"status": "ok", "build_s": time.perf_counter() - t0, "metrics": metrics}
+
+
 def _compile_gated(job: dict[str, Any], kernel: Path, out: Path, t0: float, *,
                    device_only: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """nvcc of `kernel` into `out` (an object with host code, or a cubin), its ptxas report against the space's

@@ -64,8 +64,9 @@ def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError(f"space {space.name!r} is a cuda space and this machine has no usable GPU "
-                            "(replay a landscape with --landscape, or pick a cpu space)")
+            raise UserError(f"space {space.name!r} is a cuda space and this machine has no usable GPU (render, "
+                            "compile and gate its template here with `python -m evoengineer check --space "
+                            f"{space.path or space.name}`; replay a landscape with --landscape, or pick a cpu space)")
     return LocalEvaluator(space, seed=seed, build_jobs=build_jobs, cache_dir=cache_dir)
 
 
