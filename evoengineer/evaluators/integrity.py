@@ -87,12 +87,23 @@ class Guarded:
         after = self.buf[g + n:]
         if not torch.equal(after, self.back):
             last = int(torch.nonzero(after != self.back).max())
-            return f"wrote past {what} by {last // self.itemsize + 1} elements"
+            k = last // self.itemsize + 1
+            return f"wrote past {what} by {_elements(k)} (up to {_bytes(last + 1)} after its end)"
         before = self.buf[:g]
         if not torch.equal(before, self.front):
             first = int(torch.nonzero(before != self.front).min())
-            return f"wrote before {what} by {(g - first + self.itemsize - 1) // self.itemsize} elements"
+            k = (g - first + self.itemsize - 1) // self.itemsize
+            return (f"wrote before {what} by {_elements(k)} (up to {_bytes(g - first)} ahead of its start; a write more "
+                    f"than {g} bytes past the end of another tensor can land there too)")
         return None
+
+
+def _elements(k: int) -> str:
+    return f"{k} element" if k == 1 else f"{k} elements"
+
+
+def _bytes(k: int) -> str:
+    return f"{k} byte" if k == 1 else f"{k} bytes"
 
 
 class ProtectedInputs(Mapping[str, Any]):
