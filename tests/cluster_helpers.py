@@ -5,17 +5,35 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from evoengineer.evaluators.replay import ReplayEvaluator
 
 
 class AuditedReplay(ReplayEvaluator):
     """A replay that appends `start HASH PID` before its simulated measurement and `end HASH PID` after it, and kills
-    its own worker process (SIGKILL) on a poisoned hash: a candidate that takes its Dask worker down."""
+    its own worker process (SIGKILL) on a poisoned hash: a candidate that takes its Dask worker down. With `hold`
+    (a file path), the first candidate to start once `hold_after` others have ended (on any worker) stops
+    mid-measurement: it writes `HASH PID` to `hold` and waits there until its process is killed (a test's event
+    to kill it at, not a moment guessed from timings)."""
 
-    def __init__(self, landscape, space, *, delay_s: float, audit: str, poison=()):
+    def __init__(self, landscape, space, *, delay_s: float, audit: str, poison=(), hold=None, hold_after: int = 0):
         super().__init__(landscape, space, check=False, delay_s=delay_s)
         self.audit, self.poison = audit, set(poison)
+        self.hold, self.hold_after = hold, hold_after
+
+    def _held_here(self, candidate) -> bool:
+        """Whether this is the candidate to hold (exactly one, across all workers: an exclusive claim file)."""
+        if not self.hold or sum(1 for w, _, _ in read_audit(self.audit) if w == "end") < self.hold_after:
+            return False
+        try:
+            os.close(os.open(self.hold + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        with open(self.hold + ".tmp", "w") as f:
+            f.write(f"{candidate.hash} {os.getpid()}\n")
+        os.replace(self.hold + ".tmp", self.hold)  # whole, for the test that waits for it
+        return True
 
     def _log(self, what: str, candidate) -> None:
         with open(self.audit, "a") as f:
@@ -25,6 +43,10 @@ class AuditedReplay(ReplayEvaluator):
         self._log("start", candidate)
         if candidate.hash in self.poison:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._held_here(candidate):
+            deadline = time.monotonic() + 300  # only a test that never kills it gets past this
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
         m = super().evaluate(candidate)
         self._log("end", candidate)
         return m
@@ -33,7 +55,8 @@ class AuditedReplay(ReplayEvaluator):
 def audited_replay(space, inner, extras, *, build_jobs):
     """ClusterEvaluator factory: an AuditedReplay of the run's landscape."""
     return AuditedReplay(inner["landscape"], space, delay_s=float(extras.get("delay_s", 0.0)),
-                         audit=extras["audit"], poison=extras.get("poison", ()))
+                         audit=extras["audit"], poison=extras.get("poison", ()), hold=extras.get("hold"),
+                         hold_after=int(extras.get("hold_after", 0)))
 
 
 def read_audit(path) -> list[tuple[str, str, int]]:

@@ -280,52 +280,77 @@ def _api_search(space_file: Path, landscape: Path, db: Path, evaluator, strategy
     return reason, runner
 
 
-def _audited(toy_dir: Path, audit: Path, *, workers: int, delay_s: float, poison=()) -> ClusterEvaluator:
+def _audited(toy_dir: Path, audit: Path, *, workers: int, delay_s: float, poison=(), **hold) -> ClusterEvaluator:
     space = load_space(toy_dir / "toy_space.toml")
     with ReplayEvaluator(toy_dir / "landscape.csv", space) as ev:
         inner = ev.describe()
     return ClusterEvaluator(space, inner, address="local", workers=workers, factory=cluster_helpers.audited_replay,
-                            extras={"delay_s": delay_s, "audit": str(audit), "poison": sorted(poison)})
+                            extras={"delay_s": delay_s, "audit": str(audit), "poison": sorted(poison), **hold})
+
+
+def _stored_hashes(db: Path) -> set[str]:
+    """The hashes a search writing `db` has recorded so far (read-only, beside it)."""
+    import sqlite3
+
+    if not db.exists():
+        return set()
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return {h for (h,) in con.execute("select hash from candidates")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return set()
 
 
 def test_a_worker_killed_mid_candidate_loses_nothing_and_records_nothing_twice(toy_dir: Path):
-    audit = toy_dir / "audit.log"
-    ev = _audited(toy_dir, audit, workers=2, delay_s=0.6)
-    pids = set(ev.client.run(os.getpid).values())  # the Dask worker processes (not their nannies)
+    """Events, not timings: the candidate to kill its worker under stops mid-measurement (once 3 have ended) and says
+    so (its hash and pid in a file); the worker is killed once every result it had finished is stored and released
+    by the scheduler (a result it still held would be computed again for the futures that wanted it), so only that
+    candidate is measured again, once, on another worker."""
+    audit, hold = toy_dir / "audit.log", toy_dir / "hold"
+    ev = _audited(toy_dir, audit, workers=2, delay_s=0.05, hold=str(hold), hold_after=3)
+    address_of = {pid: address for address, pid in ev.client.run(os.getpid).items()}
+    pids = set(address_of)  # the Dask worker processes (not their nannies)
     killed: list[tuple[str, int]] = []
+    stop = threading.Event()
 
     def killer() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            lines = cluster_helpers.read_audit(audit)
-            ended = {(h, p) for w, h, p in lines if w == "end"}
-            running = [(h, p) for w, h, p in lines if w == "start" and (h, p) not in ended and p in pids]
-            if len([1 for w, _, _ in lines if w == "end"]) >= 3 and running:
-                h, p = running[-1]
-                time.sleep(0.2)  # well inside its 0.6 s measurement
-                if (h, p) not in {(x, y) for w, x, y in cluster_helpers.read_audit(audit) if w == "end"}:
-                    os.kill(p, signal.SIGKILL)
-                    killed.append((h, p))
-                    return
-            time.sleep(0.02)
+        while not hold.exists():  # the victim is held mid-measurement
+            if stop.wait(0.02):
+                return
+        h, p = hold.read_text().split()
+        pid = int(p)
+        # every result the victim's worker finished before is stored, and none is kept on it any more: killing it
+        # loses none of them
+        while not {x for w, x, y in cluster_helpers.read_audit(audit) if w == "end" and y == pid} \
+                <= _stored_hashes(toy_dir / "k.db") or ev.client.has_what().get(address_of.get(pid)):
+            if stop.wait(0.02):
+                return
+        os.kill(pid, signal.SIGKILL)
+        killed.append((h, pid))
 
     t = threading.Thread(target=killer)
     t.start()
-    reason, runner = _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "k.db", ev,
-                                 budget=12, population=4, seed=2)
-    t.join()
+    try:
+        reason, runner = _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "k.db", ev,
+                                     budget=12, population=4, seed=2)
+    finally:
+        stop.set()
+        t.join()
     assert reason == "budget" and killed
     victim_hash, victim_pid = killed[0]
+    assert victim_pid in pids
     lines = cluster_helpers.read_audit(audit)
     # the victim was mid-measurement on the killed worker, then measured once, to the end, on another
     assert ("start", victim_hash, victim_pid) in lines and ("end", victim_hash, victim_pid) not in lines
     ends = [h for w, h, _ in lines if w == "end"]
-    # each measured to the end; one that had just finished on the killed worker, its result not yet fetched, went
-    # down with it and is measured again (never recorded twice: the store has one row per hash)
-    assert len(set(ends)) == 12 and len(ends) <= 13
+    # each measured to the end exactly once (nothing finished was lost with the worker), stored once each
+    assert len(ends) == len(set(ends)) == 12
     assert [p for w, h, p in lines if w == "end" and h == victim_hash] != [victim_pid]
-    # stored once each, the victim with its landscape verdict; the set of a run without a cluster
-    assert sorted(set(ends)) == sorted(runner.records)
+    # the victim with its landscape verdict; the set of a run without a cluster
+    assert sorted(ends) == sorted(runner.records)
     space = load_space(toy_dir / "toy_space.toml")
     _api_search(toy_dir / "toy_space.toml", toy_dir / "landscape.csv", toy_dir / "ref.db",
                 ReplayEvaluator(toy_dir / "landscape.csv", space), budget=12, population=4, seed=2)

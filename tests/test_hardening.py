@@ -42,14 +42,31 @@ def _one_line(stderr: str) -> str:
 
 
 # ---- one writer per run ------------------------------------------------------------------------------------------
+def _lease_holder(db: Path) -> int | None:
+    """The pid holding run 1's lease in a store another process is writing (None while there is none)."""
+    if not db.exists():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            row = con.execute("select pid from leases where run_id = 1").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
 def test_a_second_resume_refuses_while_the_first_drives_then_takes_over_a_dead_one(toy_dir: Path):
+    """Events, not timings: the first run's measurements take an hour (a replay delay of a minute each; it is
+    killed), so it drives the run however slowly the second starts."""
     db = toy_dir / "s.db"
     first = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", *SEARCH, "--db", "sqlite:///s.db",
-                              "--quiet"], cwd=toy_dir, env=_env(0.05), stdout=subprocess.PIPE,
+                              "--quiet"], cwd=toy_dir, env=_env(60), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _count(db) < 5:
+        while _lease_holder(db) != first.pid:
             assert first.poll() is None, first.stderr.read()
             assert time.monotonic() < deadline
             time.sleep(0.01)
@@ -178,18 +195,31 @@ def test_usage_errors_are_one_line(tmp_path: Path, args, words):
     assert all(w in line for w in words) and "--help" in line
 
 
+def _claim_holder(lock: Path) -> int | None:
+    """The pid in an elite.json claim (None while there is none, or it is being written)."""
+    import json
+
+    try:
+        return json.loads(lock.read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def test_two_runs_cannot_write_one_elite_json_and_stray_temp_files_go(toy_dir: Path):
+    """Events, not timings: the first run's measurements take an hour (a replay delay of a minute each; it is
+    killed), so it holds its claim on elite.json however slowly the second starts."""
     (toy_dir / ".elite.json.abc123.tmp").write_text("half")  # left by a writer killed mid-write
     first = subprocess.Popen([sys.executable, "-m", "evoengineer", "search", *SEARCH, "--db", "sqlite:///a.db",
-                              "--quiet"], cwd=toy_dir, env=_env(0.05), stdout=subprocess.PIPE,
+                              "--quiet"], cwd=toy_dir, env=_env(60), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _count(toy_dir / "a.db") < 3:
+        # the first run claimed elite.json (and removed the stray temp file when it did)
+        while _claim_holder(toy_dir / ".elite.json.lock") != first.pid \
+                or (toy_dir / ".elite.json.abc123.tmp").exists():
             assert first.poll() is None, first.stderr.read()
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert not (toy_dir / ".elite.json.abc123.tmp").exists()
         second = _cli(["search", *SEARCH, "--db", "sqlite:///b.db", "--quiet"], toy_dir)
         assert second.returncode == 2
         line = _one_line(second.stderr)
@@ -353,3 +383,45 @@ def test_population_and_elite_sanity(toy_dir: Path):
     assert r.returncode == 0, r.stderr
     warning = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warning) == 1 and "--elite 15 of --population 20" in warning[0]
+
+
+_POOL_OWNER = """
+import multiprocessing, os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from evoengineer.liveness import exit_with_parent
+
+def pids():
+    return os.getpid(), os.getppid()
+
+if __name__ == "__main__":
+    # as the builder makes its pool: forked from a fork server, each process watching its parent (builder_init)
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver"), initializer=exit_with_parent,
+                               initargs=(0.05,))
+    worker, server = pool.submit(pids).result()
+    print(worker, server, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_pool_owner_leaves_no_fork_server_pool_process_or_resource_tracker(tmp_path: Path):
+    """The builder pool's processes are children of multiprocessing's fork server, which outlives the pool's owner
+    (a search killed with -9): they watch the owner itself, so the server, they and the resource tracker all end
+    (the test suite used to leave such orphans behind)."""
+    import psutil
+
+    (tmp_path / "owner.py").write_text(_POOL_OWNER)
+    owner = subprocess.Popen([sys.executable, str(tmp_path / "owner.py")], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        worker, server = (int(x) for x in owner.stdout.readline().split())
+        helpers = psutil.Process(owner.pid).children(recursive=True)
+        what = {p.pid: " ".join(p.cmdline())[:120] for p in helpers}
+        assert {worker, server} <= set(what)
+        assert any("resource_tracker" in c for c in what.values())
+    finally:
+        owner.kill()
+        owner.wait(timeout=60)
+    gone, alive = psutil.wait_procs(helpers, timeout=60)  # a limit for a broken build only: they end at once
+    for p in alive:
+        p.kill()
+    assert not alive, [what[p.pid] for p in alive]
