@@ -149,8 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs the one whose shape is nearest to its inputs")
     x.add_argument("--family", default=None, metavar="REF",
                    help="where the elite's kernel family is, when it is not shipped or installed: module:Class, or "
-                        "family.py:Class relative to the working folder (it must be the family and version "
-                        "elite.json records)")
+                        "family.py:Class relative to the working folder or else to elite.json's folder (it must be "
+                        "the family and version elite.json records)")
+    x.add_argument("--accept-family-change", action="store_true",
+                   help="export through a family whose source file differs from the one the search recorded "
+                        "(same name and version)")
     return ap
 
 
@@ -384,7 +387,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     if a.per_shape and a.rank != 1:
         raise UserError("--rank and --per-shape: one or the other (--per-shape packages the best of each shape)")
     folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force, per_shape=a.per_shape,
-                                    family=a.family)
+                                    family=a.family, accept_family_change=a.accept_family_change)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     if a.per_shape:

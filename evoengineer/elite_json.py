@@ -150,8 +150,10 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
     hash, and the toolchain."""
     try:
         family = space_family(space)
-        named: dict[str, Any] = {"task": family.name, "family": {"name": family.name,
-                                                                "version": str(family.version)}}
+        from evoengineer.export import family_source_sha256
+
+        named: dict[str, Any] = {"task": family.name, "family": {"name": family.name, "version": str(family.version),
+                                                                "source_sha256": family_source_sha256(family)}}
     except (UserError, ImportError):  # e.g. a landscape replayed where its family is not: nothing to export
         named = {"task": space.task}
     return {**named, "signature": dict(space.signature), "backend": space.backend, "arch": space.arch,

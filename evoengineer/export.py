@@ -22,10 +22,13 @@ from evoengineer.fileio import umask
 OPS_DIR = Path(__file__).resolve().parent / "ops"
 
 
-def family_of(build: dict[str, Any], family: str | None = None, where: str = "elite") -> type:
+def family_of(build: dict[str, Any], family: str | None = None, where: str = "elite",
+              elite_path: str | Path | None = None, accept_family_change: bool = False) -> type:
     """The family an elite's build record names (name and version; never a path or module from the file): found
     among the shipped and installed families, or the class `family` names (module:Class, or family.py:Class
-    relative to the working folder), which must be that family of that version."""
+    relative to the working folder, else to the elite file's folder), which must be that family of that version.
+    A family that is not shipped must also be the source the search ran (`source_sha256`), unless
+    `accept_family_change`."""
     from evoengineer.families import check_version, family_class, find_family
 
     rec = build.get("family") if isinstance(build.get("family"), dict) else {}
@@ -33,13 +36,46 @@ def family_of(build: dict[str, Any], family: str | None = None, where: str = "el
     if not isinstance(name, str):
         raise UserError(f"{where}: the build record names no family")
     if family is None:
-        return find_family(name, version, where=where)
-    file_part, _, cls_name = family.rpartition(":")
-    base = Path.cwd()
-    if file_part.endswith(".py") and Path(file_part).expanduser().is_absolute():  # the caller's own choice of file
-        path = Path(file_part).expanduser()
-        base, family = path.parent, f"{path.name}:{cls_name}"
-    return check_version(family_class(family, base_dir=base, where="--family"), name, version, where)
+        cls = find_family(name, version, where=where)
+    else:
+        file_part, _, cls_name = family.rpartition(":")
+        base = Path.cwd()
+        if file_part.endswith(".py") and Path(file_part).expanduser().is_absolute():  # the caller's own file
+            path = Path(file_part).expanduser()
+            base, family = path.parent, f"{path.name}:{cls_name}"
+        elif file_part.endswith(".py") and not (base / file_part).is_file() and elite_path is not None:
+            beside = Path(elite_path).resolve().parent  # relative to the elite file, where it was written
+            if (beside / file_part).is_file():
+                base = beside
+        cls = check_version(family_class(family, base_dir=base, where="--family"), name, version, where)
+    recorded = rec.get("source_sha256")
+    if recorded and not accept_family_change and not is_shipped(cls):
+        here = family_source_sha256(cls)
+        if here != recorded:
+            raise UserError(f"{where}: family {name!r} version {version} at {family_source_file(cls)} is not the "
+                            f"source the kernel was searched with (sha256 {here[:12]} here, {recorded[:12]} "
+                            "recorded): bump the family's version when its contract changes, or accept it "
+                            "(--accept-family-change, accept_family_change=True)")
+    return cls
+
+
+def family_source_file(cls: type) -> Path:
+    import inspect
+
+    return Path(inspect.getfile(cls)).resolve()
+
+
+def family_source_sha256(cls: type) -> str:
+    """The sha256 of the file that defines the family class (what elite.json records beside name and version)."""
+    try:
+        return sha256_text(family_source_file(cls).read_text())
+    except (OSError, TypeError, UnicodeDecodeError):
+        return ""
+
+
+def is_shipped(cls: type) -> bool:
+    """A family that comes with EvoEngineer (its version is its contract; its source changes with releases)."""
+    return cls.__module__.startswith("evoengineer.families.")
 
 
 def family_instance(cls: type, build: dict[str, Any]) -> Any:
@@ -47,7 +83,8 @@ def family_instance(cls: type, build: dict[str, Any]) -> Any:
     return cls(constants=build["signature"], backend=build.get("backend", "cpu"))
 
 
-def select_elite(path: str | Path, rank: int, family: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def select_elite(path: str | Path, rank: int, family: str | None = None, accept_family_change: bool = False
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The document and its elite of `rank`, checked for what a build needs; UserError naming what is missing."""
     doc = elite_json.read(path)
     elites = doc["elites"]
@@ -57,11 +94,12 @@ def select_elite(path: str | Path, rank: int, family: str | None = None) -> tupl
     if not match:
         raise UserError(f"{path}: no elite of rank {rank} (ranks 1..{len(elites)})")
     e = match[0]
-    check_buildable(e, f"{path}: elites[rank {rank}]", family)
+    check_buildable(e, f"{path}: elites[rank {rank}]", family, path, accept_family_change)
     return doc, e
 
 
-def select_shape_elites(path: str | Path, family: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def select_shape_elites(path: str | Path, family: str | None = None, accept_family_change: bool = False
+                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The document and its shape_elites (the fastest correct kernel of each timed shape), each checked as
     `select_elite` checks an elite; UserError when there are none."""
     doc = elite_json.read(path)
@@ -72,20 +110,21 @@ def select_shape_elites(path: str | Path, family: str | None = None) -> tuple[di
         raise UserError(f"{path}: no per-shape elites (shape_elites) to export with --per-shape: {why}; "
                         "export one elite without --per-shape")
     for e in entries:
-        check_buildable(e, f"{path}: shape_elites[{e['shape']}]", family)
+        check_buildable(e, f"{path}: shape_elites[{e['shape']}]", family, path, accept_family_change)
         if not isinstance(e.get("shape_spec"), dict):
             raise UserError(f"{path}: shape_elites[{e['shape']}]: no shape_spec to dispatch by")
     return doc, entries
 
 
-def check_buildable(e: dict[str, Any], where: str, family: str | None = None) -> type:
+def check_buildable(e: dict[str, Any], where: str, family: str | None = None, elite_path: str | Path | None = None,
+                    accept_family_change: bool = False) -> type:
     """The entry's family class; UserError (naming `where`) unless the entry has a build record of a family found
     here and its recorded source, matching its hash, defining the family's entry point."""
     build = e.get("build")
     if not isinstance(build, dict) or not isinstance(build.get("signature"), dict):
         raise UserError(f"{where}: no build record (signature, flags, arch); written by an older EvoEngineer: "
                         "re-run or resume the search to export it")
-    cls = family_of(build, family, where)
+    cls = family_of(build, family, where, elite_path, accept_family_change)
     source = e.get("source")
     if not isinstance(source, str) or not source.strip():
         raise UserError(f"{where}: no recorded kernel source; refusing to rebuild from today's template")
@@ -271,18 +310,19 @@ def write_kernels(entries: list[dict[str, Any]], folder_of: Callable[[dict[str, 
 
 
 def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = False,
-           per_shape: bool = False, family: str | None = None) -> tuple[Path, str, list[str]]:
+           per_shape: bool = False, family: str | None = None,
+           accept_family_change: bool = False) -> tuple[Path, str, list[str]]:
     """Write elite `rank` of `path` as a package folder `out`: returns (folder, package name, notes). With
     `per_shape`, the kernels of its shape_elites instead (`rank` unused): the function runs, per call, the one whose
     timed shape is nearest to the inputs (runtime.ShapeDispatch; the table in dispatch.json). `family`: where the
     elite's family is (module:Class or family.py:Class) when it is not shipped or installed. The folder appears
     whole or not at all; an existing one is replaced only with `force`."""
     if per_shape:
-        doc, entries = select_shape_elites(path, family)
+        doc, entries = select_shape_elites(path, family, accept_family_change)
         e = entries[0]
     else:
-        doc, e = select_elite(path, rank, family)
-    cls = family_of(e["build"], family, str(path))
+        doc, e = select_elite(path, rank, family, accept_family_change)
+    cls = family_of(e["build"], family, str(path), path, accept_family_change)
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise UserError(f"--out {out}: exists and is not empty (--force replaces it)")
@@ -348,21 +388,23 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
 
 def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
          build_root: str | Path | None = None, per_shape: bool = False,
-         family: str | None = None) -> Callable[..., Any]:
+         family: str | None = None, accept_family_change: bool = False) -> Callable[..., Any]:
     """Elite `rank` of an elite.json as the function an exported package exposes (the family's function: its own
     op adapter's, or a declared family's `function(*inputs, *scalars)`), built from the recorded
     source on first use (cached). `family`: where the elite's family is (module:Class or family.py:Class) when it is
-    not shipped or installed. The function carries `.kernel` (the KernelOp: ops, signature, elite record). With
+    not shipped or installed (a relative family.py path: from the working folder, else the elite file's);
+    `accept_family_change`: run it through a family whose source differs from the one the search recorded. The
+    function carries `.kernel` (the KernelOp: ops, signature, elite record). With
     `per_shape`, the kernels of its shape_elites (`rank` unused), dispatched by shape: `.kernel` is the
     ShapeDispatch (`table`, `choose`), each kernel built when a call first needs it."""
     from evoengineer.ops.runtime import KernelOp, ShapeDispatch, default_build_root
 
     if per_shape:
-        doc, entries = select_shape_elites(path, family)
+        doc, entries = select_shape_elites(path, family, accept_family_change)
         e = entries[0]
     else:
-        doc, e = select_elite(path, rank, family)
-    cls = family_of(e["build"], family, str(path))
+        doc, e = select_elite(path, rank, family, accept_family_change)
+    cls = family_of(e["build"], family, str(path), path, accept_family_change)
     note = template_drift(doc, e)
     if note:
         print(f"evoengineer.load: {note}", file=sys.stderr)

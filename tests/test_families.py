@@ -110,8 +110,10 @@ def test_family_in_a_folder_search_kill_resume_export_load(tmp_path: Path, build
     assert r.returncode == 0, r.stderr
     assert _evaluated(cut / "run.db") == _evaluated(whole / "run.db") and done_before < _evaluated(cut / "run.db")
     doc = json.loads((cut / "elite.json").read_text())
-    assert doc["task"] == "row_softmax" and doc["elites"][0]["build"]["family"] == {"name": "row_softmax",
-                                                                                    "version": "1"}
+    recorded = doc["elites"][0]["build"]["family"]
+    assert doc["task"] == "row_softmax" and {k: recorded[k] for k in ("name", "version")} == {"name": "row_softmax",
+                                                                                              "version": "1"}
+    assert len(recorded["source_sha256"]) == 64  # the family file the search ran
     assert "family.py" not in json.dumps(doc["elites"][0]["build"])  # a name and a version, never a path
 
     # export: the family is not installed, so it is named; from elsewhere its file is found relative to the cwd
@@ -133,6 +135,17 @@ def test_family_in_a_folder_search_kill_resume_export_load(tmp_path: Path, build
     fn = evoengineer.load(cut / "elite.json", family="family.py:RowSoftmax", build_root=tmp_path / "ops")
     assert fn.__name__ == "row_softmax"
     _check_function(fn, compiled=False)
+
+    # from another folder, a relative family file is found beside the elite file
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(cut / "elite.json"), "--out", str(tmp_path / "pkg2"), "--family",
+                 "family.py:RowSoftmax"]) == 0
+    # another source of the same name and version is refused, in one line, unless accepted
+    (cut / "family.py").write_text((cut / "family.py").read_text() + "\n# edited after the search\n")
+    assert main(["export", str(cut / "elite.json"), "--out", str(tmp_path / "pkg3"), "--family",
+                 "family.py:RowSoftmax"]) == 2
+    assert main(["export", str(cut / "elite.json"), "--out", str(tmp_path / "pkg3"), "--family",
+                 "family.py:RowSoftmax", "--accept-family-change"]) == 0
 
 
 def test_family_by_module_and_by_entry_point(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch):
@@ -382,3 +395,26 @@ def test_a_baseline_that_misses_the_reference_is_reported_before_the_search(tmp_
     assert shapes == {"odd", "one_row", "timed"}, r.stderr
     assert "max abs err" in lines[0] and "check make_inputs and reference" in lines[0]
     assert r.stderr.index(lines[0]) < r.stderr.index("evaluated 2/2")
+
+
+def test_an_installed_familys_templates_are_found_through_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A space elsewhere names an importable family (module:Class) and a template that lives only in the family's
+    folder: found there (and its includes beside it)."""
+    pkg = tmp_path / "site" / "rowsm_pkg"
+    pkg.mkdir(parents=True)
+    shutil.copy(EXAMPLE / "family.py", pkg / "__init__.py")
+    shutil.copy(EXAMPLE / "row_softmax.cpp.j2", pkg / "row_softmax.cpp.j2")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()
+    text = (EXAMPLE / "row_softmax.toml").read_text().replace('task = "family.py:RowSoftmax"',
+                                                              'task = "rowsm_pkg:RowSoftmax"')
+    (spaces / "rs.toml").write_text(text)
+    space = load_space(spaces / "rs.toml")
+    assert space.template_path == (pkg / "row_softmax.cpp.j2").resolve()
+    from evoengineer.candidate import CandidateFactory
+
+    assert "softmax_row" in CandidateFactory(space).from_genome(space.valid_genomes()[0]).source
+    (spaces / "rs.toml").write_text(text.replace('template = "row_softmax.cpp.j2"', 'template = "nowhere.cpp.j2"'))
+    with pytest.raises(UserError, match="nowhere.cpp.j2.*not found"):
+        load_space(spaces / "rs.toml")

@@ -401,7 +401,7 @@ def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bo
     if backend == "cpu" and arch is not None:
         raise UserError(f"{where}: arch: only cuda spaces take an arch")
 
-    template_path = _resolve_template(data["template"], path, where)
+    template_path = _resolve_template(data["template"], path, where, task=data.get("task"))
 
     if not isinstance(data["parameters"], dict) or not data["parameters"]:
         raise UserError(f"{where}: parameters must be a non-empty table")
@@ -477,13 +477,35 @@ def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bo
     return space
 
 
-def _resolve_template(template: str, path: Path | None, where: str) -> Path:
-    """The template file: relative to the space file's folder, else to the shipped templates folder, and inside that
-    folder once symlinks are resolved. A space file may come from anyone, and its template becomes the kernel source
-    (stored, exported): an absolute path, a '..' or a symlink out of the folder could make it any file at all."""
+def _family_folder(task: Any, path: Path | None) -> Path | None:
+    """The folder of the family a space's `task` names (an installed family's templates live there), or None when
+    it cannot be found (the search says why when it needs the family)."""
+    if not isinstance(task, str) or not task:
+        return None
+    import inspect
+
+    from evoengineer.families import family_class
+
+    try:
+        cls = family_class(task, base_dir=path.parent if path is not None else None)
+        return Path(inspect.getfile(cls)).resolve().parent
+    except (UserError, OSError, TypeError):
+        return None
+
+
+def _resolve_template(template: str, path: Path | None, where: str, task: Any = None) -> Path:
+    """The template file: relative to the space file's folder, else to the shipped templates folder, else to the
+    folder of the space's family (an installed family brings its templates), and inside that folder once symlinks
+    are resolved. A space file may come from anyone, and its template becomes the kernel source (stored,
+    exported): an absolute path, a '..' or a symlink out of the folder could make it any file at all."""
     roots = ([path.parent.resolve()] if path is not None else []) + [TEMPLATES_DIR.resolve()]
-    inside = f"a template must lie inside the space file's folder or the shipped templates folder ({roots[-1]})"
     t = Path(template)
+    if not any((r / t).exists() for r in roots) and not t.is_absolute() and ".." not in t.parts:
+        folder = _family_folder(task, path)
+        if folder is not None and folder not in roots:
+            roots.append(folder)
+    inside = ("a template must lie inside the space file's folder, the shipped templates folder "
+              f"({TEMPLATES_DIR.resolve()}) or its family's folder")
     if t.is_absolute() or template.startswith("~"):
         raise UserError(f"{where}: template: {template!r} is an absolute path; {inside}")
     if ".." in t.parts:
