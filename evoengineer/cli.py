@@ -239,8 +239,8 @@ def cmd_resume(a: argparse.Namespace) -> int:
 
 
 def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, where: str,
-                 shape_elites: list[dict] | None = None) -> int:
-    from evoengineer.elite_json import format_shape_table, format_table
+                 shape_elites: list[dict] | None = None, best: dict | None = None) -> int:
+    from evoengineer.elite_json import format_search_best, format_shape_table, format_table
 
     if source_rank is not None:
         match = [e for e in elites if e.get("rank") == source_rank]
@@ -252,6 +252,8 @@ def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, whe
         print(json.dumps(elites, indent=2))
     else:
         print(format_table(elites))
+        if format_search_best(best):  # the search's best, when it is not rank 1: why
+            print(format_search_best(best))
         if shape_elites:
             print(format_shape_table(shape_elites))
     return 0
@@ -264,7 +266,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     if not a.json and a.source is None:
         print(f"space {doc['space']} | run {doc['run_id']} ({doc['run_status']}) | generation {doc['generation']} "
               f"| {doc['evaluations']} evaluations | {doc['fingerprint'].get('gpu') or doc['fingerprint'].get('cpu')}")
-    return _show_elites(doc["elites"], a.json, a.source, a.file, doc.get("shape_elites"))
+    return _show_elites(doc["elites"], a.json, a.source, a.file, doc.get("shape_elites"), doc.get("search_best"))
 
 
 def cmd_elites(a: argparse.Namespace) -> int:
@@ -283,14 +285,15 @@ def cmd_elites(a: argparse.Namespace) -> int:
     space = SearchSpace.from_text(run.space_text, run.space_path)
     elites = store.elites(run.id)
     with_source = {e.hash: e for e in elites}
-    shapes = shape_elites(space, store.candidates(run.id),
-                          lambda h: with_source.get(h) or store.find_candidate(run.id, h))
+    records = store.candidates(run.id)
+    shapes = shape_elites(space, records, lambda h: with_source.get(h) or store.find_candidate(run.id, h))
     doc = build_document(run=run, space=space, elites=elites, generation=-1,
-                         evaluations=store.count_candidates(run.id), run_status=run.status, shape_elites=shapes)
+                         evaluations=store.count_candidates(run.id), run_status=run.status, shape_elites=shapes,
+                         records=records)
     if not a.json:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(store.status_counts(run.id).items()))
         print(f"run {run.id} | space {run.space_name} | {run_state(run.status, run.stop_reason)} | {counts}")
-    return _show_elites(doc["elites"], a.json, None, a.db, doc.get("shape_elites"))
+    return _show_elites(doc["elites"], a.json, None, a.db, doc.get("shape_elites"), doc.get("search_best"))
 
 
 def cmd_spaces(a: argparse.Namespace) -> int:

@@ -19,11 +19,15 @@ SCHEMA = "evoengineer/elite-v1"
 
 def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, evaluations: int,
                    run_status: str, retime_note: str = "",
-                   shape_elites: list[tuple[str, dict[str, Any], Any]] | None = None) -> dict[str, Any]:
+                   shape_elites: list[tuple[str, dict[str, Any], Any]] | None = None,
+                   records: Iterable[Any] | None = None) -> dict[str, Any]:
     """The elite.json content for `run` (a RunInfo), `space` (a SearchSpace) and its elites (CandidateRecords).
     A finished run's elites are ranked by their re-timed p50 when they were re-timed (`retiming` says how, or why
     not: `retime_note`). `shape_elites` (from `shape_elites`: shape name, spec, record with its source) adds the
-    per-shape bests."""
+    per-shape bests. `records` (all the run's evaluations) adds `search_best`: the search's fastest and, when it is
+    not rank 1, why (`search_best`), and the re-timing's flags over every finalist."""
+    records = list(records) if records is not None else None
+    best = search_best(records, elites) if records is not None else None
     common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint,
               "build": build_record(space, run)}
     ranks = {e.hash: i for i, e in enumerate(elites, start=1)}
@@ -47,7 +51,8 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "generation": generation,
         "evaluations": evaluations,
         "fingerprint": run.fingerprint,
-        "retiming": _retiming(elites, run_status, retime_note),
+        "retiming": _retiming(elites, run_status, retime_note, records),
+        **({"search_best": best} if best is not None else {}),
         "elites": [
             {"rank": i, "hash": e.hash, "params": e.params, "metrics": ranked_metrics(e.metrics), "status": e.status,
              "generation": e.generation, **certification(e, run_status), **_timing(e), **common,
@@ -165,18 +170,85 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
 _SESSION_KEYS = ("finalists", "rounds", "repeats", "baseline", "noise_cv", "cache", "pinning", "replay")
 
 
-def _retiming(elites: list[Any], run_status: str, note: str) -> dict[str, Any]:
+def _retiming(elites: list[Any], run_status: str, note: str, records: list[Any] | None = None) -> dict[str, Any]:
     """How the elites were ranked: by the re-timed p50 of the finalists timed together at the end of the run
     (with the session's settings and the machine's noise: the CV of the baseline's per-round p50), or by the
-    search's own p50 (and why)."""
+    search's own p50 (and why). `flagged` counts the elites whose re-timing disagrees with the search's timing
+    beyond the noise; `finalists_flagged` (with `records`) every finalist's, the ones that fell out included."""
     infos = [e.metrics.get("retime") for e in elites]
     if infos and all(isinstance(i, dict) and "p50_us" in i for i in infos):
         first = infos[0]
-        return {"ranked_by": "re-timed p50", **{k: first[k] for k in _SESSION_KEYS if k in first},
-                "flagged": sum(1 for i in infos if i.get("flag"))}
+        out = {"ranked_by": "re-timed p50", **{k: first[k] for k in _SESSION_KEYS if k in first},
+               "flagged": sum(1 for i in infos if i.get("flag"))}
+        if records is not None:
+            session = [r.metrics["retime"] for r in records if isinstance(r.metrics.get("retime"), dict)
+                       and r.metrics["retime"].get("session") == first.get("session")]
+            out["finalists_flagged"] = sum(1 for i in session if i.get("flag"))
+            out["finalists_dropped"] = sum(1 for i in session if i.get("dropped"))
+        return out
     why = note or ("pending: the finalists are re-timed when the run finishes" if run_status != "finished"
                    else "not re-timed (retime_finalists = 0, or no correct candidate)")
     return {"ranked_by": "search p50", "reason": why}
+
+
+def search_p50(rec: Any) -> float | None:
+    """The search's p50 of a candidate the search counted as correct: one still `ok`, or one that was until the
+    finished run's re-timing or sanitizer found it wrong (what the progress line showed as best)."""
+    m = rec.metrics
+    overturned = (isinstance(m.get("retime"), dict) and m["retime"].get("dropped")) or \
+        (isinstance(m.get("sanitizer"), dict) and m["sanitizer"].get("status") == "failed")
+    t = m.get("time_us")
+    if (rec.status != "ok" and not overturned) or isinstance(t, bool) or not isinstance(t, (int, float)):
+        return None
+    return float(t) if t == t and t > 0 else None
+
+
+def search_best(records: Iterable[Any], elites: list[Any]) -> dict[str, Any] | None:
+    """The search's fastest candidate (by the search's own p50; ties by hash): its hash, params, search p50, its rank
+    among the elites (None: not an elite), its re-timing, and when it is not rank 1 why not (`not_rank_1`): re-timed
+    slower (by how much, beyond the noise or within it), dropped by the re-timing or the sanitizer. None without a
+    timed candidate."""
+    timed = [(t, r.hash, r) for r in records if (t := search_p50(r)) is not None]
+    if not timed:
+        return None
+    t, _, rec = min(timed, key=lambda x: x[:2])
+    rank = next((i for i, e in enumerate(elites, start=1) if e.hash == rec.hash), None)
+    out: dict[str, Any] = {"hash": rec.hash, "params": rec.params, "search_p50_us": t, "rank": rank,
+                           "status": rec.status}
+    rt = rec.metrics.get("retime")
+    if isinstance(rt, dict) and "p50_us" in rt:
+        out["retimed"] = {"p50_us": rt["p50_us"], "ratio": rt.get("ratio"), "tolerance": rt.get("tolerance"),
+                          "beyond_noise": bool(rt.get("flag"))}
+    if rank != 1:
+        out["not_rank_1"] = _why_not_rank_1(rec, rt, rank, elites)
+    return out
+
+
+def _why_not_rank_1(rec: Any, rt: Any, rank: int | None, elites: list[Any]) -> str:
+    where = f"rank {rank}" if rank is not None else "not an elite"
+    if rec.status != "ok":
+        return f"{rec.status} at the end of the run: {rec.reason}"[:400]
+    if isinstance(rt, dict) and "p50_us" in rt:
+        ratio, tol = rt.get("ratio"), rt.get("tolerance")
+        if isinstance(ratio, (int, float)) and ratio == ratio and ratio > 0:
+            how = f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster"
+        else:
+            how = "slower"
+        noise = "beyond the noise" if rt.get("flag") else "within the noise"
+        if isinstance(tol, (int, float)):
+            noise += f" (+-{tol:.0%})"
+        first = ranked_metrics(elites[0].metrics).get("time_us") if elites else None
+        vs = f" (rank 1: {first:.3f} us re-timed)" if isinstance(first, (int, float)) else ""
+        return f"re-timed {how} ({rt['p50_us']:.3f} us), {noise}; {where}{vs}"
+    return f"{where} (not re-timed)"
+
+
+def format_search_best(best: dict[str, Any] | None) -> str:
+    """One line on the search's best when it is not rank 1 ("" when it is, or there is none)."""
+    if not best or best.get("rank") == 1 or not best.get("not_rank_1"):
+        return ""
+    return (f"the search's best, {_num(best.get('search_p50_us'))} us ({str(best.get('hash', ''))[:12]}), is not "
+            f"rank 1: {best['not_rank_1']}")
 
 
 #: the timing keys that the ranking's timing replaces; the search's own keep them under "search_" + key

@@ -6,15 +6,16 @@ from __future__ import annotations
 import base64
 import html
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from evoengineer.store import CandidateRecord, RunInfo, Store
-from evoengineer.elite_json import certification, elite_rows, ranked_metrics, table_notes
+from evoengineer.elite_json import (certification, elite_rows, format_search_best, ranked_metrics, search_best,
+                                    search_p50, table_notes)
 from evoengineer.fileio import write_text_atomic
-from evoengineer.report.convergence import best_so_far, plot_convergence
+from evoengineer.report.convergence import Retimed, best_so_far, plot_convergence
 from evoengineer.search.failures import failures_by_status
 
 
@@ -27,6 +28,9 @@ class RunSummary:
     elites: list[dict[str, Any]]
     best: float = math.inf
     label: str = ""
+    search_times: list[float] = field(default_factory=list)  # the curve: the search's p50 as the search saw it
+    retimed: list[Retimed] = field(default_factory=list)  # the finalists' re-timing, marked on the curve
+    search_best: dict[str, Any] | None = None  # elite_json.search_best: the search's fastest, and why not rank 1
 
 
 def strategy_name(run: RunInfo) -> str:
@@ -48,15 +52,38 @@ def summarize_run(store: Store, run: RunInfo) -> RunSummary:
     # the reason of the first of each failure status, on one line (as a search without a correct candidate prints)
     first_reason = {s: reason for s, (_, reason) in failures_by_status(recs).items()}
     # the sanitizer column says what the terminal's tables say ("not run", "pending", a verdict)
+    elite_recs = store.elites(run.id)
     elites = [{"rank": i, "hash": e.hash, "params": e.params, "metrics": e.metrics, **certification(e, run.status)}
-              for i, e in enumerate(store.elites(run.id), start=1)]
+              for i, e in enumerate(elite_recs, start=1)]
     times = [r.time_us for r in recs]
     best = min(times, default=math.inf)
     first = ranked_metrics(elites[0]["metrics"]) if elites else {}
     if "search_time_us" in first:
         best = first["time_us"]  # rank 1, by the timing that ranked it
+    top = search_best(recs, elite_recs)
     return RunSummary(run=run, times=times, statuses=statuses, first_reason=first_reason, elites=elites,
-                      best=best, label=run_label(run))
+                      best=best, label=run_label(run), search_times=[search_p50(r) or math.inf for r in recs],
+                      retimed=_retimed_marks(recs, elite_recs, top), search_best=top)
+
+
+def _retimed_marks(recs: list[CandidateRecord], elites: list[CandidateRecord],
+                   top: dict[str, Any] | None) -> list[Retimed]:
+    """The finalists of the elites' re-timing session (and the search's best, when it is not rank 1) as marks on
+    the convergence curve, at the evaluation each one was."""
+    rt0 = elites[0].metrics.get("retime") if elites else None
+    session = rt0.get("session") if isinstance(rt0, dict) else None
+    rank1 = elites[0].hash if elites else None
+    best = top["hash"] if top and top.get("rank") != 1 else None
+    marks = []
+    for i, r in enumerate(recs, start=1):
+        t = search_p50(r)
+        rt = r.metrics.get("retime")
+        finalist = session is not None and isinstance(rt, dict) and rt.get("session") == session
+        if t is None or not (finalist or r.hash == best):
+            continue
+        marks.append(Retimed(x=i, search_us=t, retimed_us=rt.get("p50_us") if finalist else None,
+                             rank1=r.hash == rank1, search_best=r.hash == best))
+    return marks
 
 
 def _table(rows: list[tuple[Any, ...]]) -> str:
@@ -109,15 +136,23 @@ def write_report(store: Store, runs: list[RunInfo], out_dir: str | Path) -> tupl
 
     for space, group in by_space.items():
         png = out / f"convergence_{_safe(space)}.png"
-        series = {s.label: best_so_far(s.times) for s in group if s.times}
+        series = {s.label: best_so_far(s.search_times) for s in group if s.times}
         if series:
-            plot_convergence(series, png, title=f"{space}: best time vs distinct evaluations")
+            plot_convergence(series, png, title=f"{space}: best time vs distinct evaluations",
+                             ylabel="best search p50 (us); marks: re-timing",
+                             retimed={s.label: s.retimed for s in group if s.retimed})
             data = base64.b64encode(png.read_bytes()).decode("ascii")
             img = f'<img alt="best-so-far of {html.escape(space)}" src="data:image/png;base64,{data}">'
         else:
             img = "<p class=muted>no evaluations yet</p>"
+        notes = [f"{s.label}: {format_search_best(s.search_best)}" for s in group if format_search_best(s.search_best)]
+        legend = ("the curve: the best search p50 so far; o: a finalist re-timed at the end of the run (a segment "
+                  "from its search p50), *: rank 1 (its re-timed p50 dotted to the end), X: the search's best when "
+                  "it is not rank 1") if any(s.retimed for s in group) else ""
         parts.append(f"<h2>Space {html.escape(space)}</h2>{img}"
-                     f"<p class=muted>also saved as {html.escape(png.name)}</p>")
+                     + "".join(f"<p>{html.escape(n)}</p>" for n in notes)
+                     + (f"<p class=muted>{html.escape(legend)}</p>" if legend else "")
+                     + f"<p class=muted>also saved as {html.escape(png.name)}</p>")
         statuses = sorted({k for s in group for k in s.statuses})
         fail_rows: list[tuple[Any, ...]] = [("run", *statuses, "first reason of each failure status")]
         for s in group:

@@ -365,6 +365,8 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
                   file=sys.stderr)
         doc = elite_json.read(out)
         print(elite_json.format_table(doc["elites"]))
+        if elite_json.format_search_best(doc.get("search_best")):  # the search's best, when it is not rank 1: why
+            print(elite_json.format_search_best(doc.get("search_best")))
         if doc.get("shape_elites"):
             print(elite_json.format_shape_table(doc["shape_elites"]))
     return 0

@@ -281,7 +281,8 @@ class Runner:
         doc = elite_json.build_document(run=self.run, space=self.space, elites=elites, generation=generation,
                                         evaluations=self.evaluations,
                                         run_status="finished" if finished else "running",
-                                        retime_note=self.retime_note, shape_elites=shapes)
+                                        retime_note=self.retime_note, shape_elites=shapes,
+                                        records=self.records.values())
         elite_json.write_atomic(self.out, doc)
         for o in self.observers:
             o.on_generation(self, generation, stats or {})
