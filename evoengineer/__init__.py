@@ -25,3 +25,11 @@ def load(elite_json, rank: int = 1, **options):
     from evoengineer.export import load as _load
 
     return _load(elite_json, rank=rank, **options)
+
+
+def tune(kernel, **options):
+    """Tune one kernel from one call: its template text, entry, example args and outputs, reference and knobs;
+    returns the elites and the fastest as a PyTorch op (see evoengineer.tuning.tune)."""
+    from evoengineer.tuning import tune as _tune
+
+    return _tune(kernel, **options)
