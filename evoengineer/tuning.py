@@ -362,16 +362,29 @@ def _sizes_of(call: list[dict[str, Any]], example: Mapping[str, Any]) -> dict[st
 
 
 # ---- tune ----------------------------------------------------------------------------------------------------------
+def _search_settings(space_file: Path, strategy: str | None, seed: int, budget: int) -> dict[str, Any]:
+    """Every configuration when they fit the budget (grid), else the GA; a GA population no larger than the space."""
+    from evoengineer.space.spec import load_space
+
+    n = load_space(space_file).count_valid()
+    strategy = strategy or ("grid" if n <= budget else "ga")
+    settings: dict[str, Any] = {"strategy": strategy, "seed": seed, "budget": budget}
+    if strategy == "ga" and n < 12:
+        settings["population"] = max(2, n)
+    return settings
+
+
 def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Mapping[str, Any],
          reference: Callable[[dict[str, Any]], Any], knobs: Mapping[str, Sequence[Any]],
          backend: str | None = None, arch: str | None = None, dims: Mapping[str, Sequence[Any]] | None = None,
          inout: Sequence[str] = (), shapes: Sequence[Mapping[str, int]] = (), constraints: Sequence[str] = (),
          flags: Sequence[str] | None = None, cuda_flags: Sequence[str] | None = None,
          ldflags: Sequence[str] | None = None, make_inputs: Callable | None = None, budget: int = 32,
-         strategy: str = "ga", seed: int = 0, pool: int = 6, workdir: str | Path | None = None,
+         strategy: str | None = None, seed: int = 0, pool: int = 6, workdir: str | Path | None = None,
          warmup: int = 3, repeats: int = 20, quiet: bool = False) -> Tuned:
     """Search `knobs` of `kernel` (Jinja2 template text, or a template file) for the fastest correct variant of
-    `entry` on the calls the examples describe; returns a `Tuned` (elites, elite.json, the op). `reference(args)`
+    `entry` on the calls the examples describe (`strategy`: default every configuration when they fit `budget`, else
+    the GA); returns a `Tuned` (elites, elite.json, the op). `reference(args)`
     gives the exact answer (a tensor, or a dict of the outputs and inouts' new values). See the module docstring for
     sizes, shapes, inputs and where things are written. Raises UserError on bad arguments; a search in which no
     candidate is correct raises too, naming the failures."""
@@ -445,8 +458,8 @@ def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Ma
         _write_pool(work / "pool", call, shape_sizes, cpu_args, reference, make_inputs, max(1, pool), seed)
         space.write_text(space_text)
         marker.write_text(json.dumps({"ident": ident, "status": "started"}))
-        code = start_search(space_path=space, db=db, out=str(out), strategy=strategy, seed=seed, budget=budget,
-                            force=True, quiet=quiet)
+        code = start_search(space_path=space, db=db, out=str(out), force=True, quiet=quiet,
+                            **_search_settings(space, strategy, seed, budget))
         reused = False
     elif previous.get("status") == "finished" and out.is_file():
         code, reused = 0, True
@@ -456,8 +469,8 @@ def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Ma
         if unfinished is not None:
             code = resume_search(db=db, quiet=quiet)
         else:
-            code = start_search(space_path=space, db=db, out=str(out), strategy=strategy, seed=seed,
-                                budget=budget, force=True, quiet=quiet)
+            code = start_search(space_path=space, db=db, out=str(out), force=True, quiet=quiet,
+                                **_search_settings(space, strategy, seed, budget))
         reused = False
     if code != 0:
         raise UserError(f"tune: the search of {entry} ended with exit code {code} (its store: {db})")
