@@ -84,3 +84,33 @@ def test_tune_refuses_what_it_cannot_declare(tmp_path: Path):
                           ({"outputs": {}}, "no tensor is written")]:
         with pytest.raises(UserError, match=words):
             evoengineer.tune(SCALE, **{**base, **change})
+
+
+TWO = r"""
+#include <cstdint>
+// twice = 2x, square = x * x. UNROLL={{ UNROLL }}
+extern "C" int evo_two(const float* x, float* twice, float* square, void* stream) {
+  for (int64_t i = 0; i < 24; ++i) { twice[i] = 2.0f * x[i]; square[i] = x[i] * x[i]; }
+  return 0;
+}
+"""
+
+
+def test_two_outputs_return_a_tuple_and_differentiate_through_the_reference(tmp_path: Path, build_cache: Path):
+    x = torch.randn(24)
+    tuned = evoengineer.tune(TWO, entry="evo_two", args={"x": x}, outputs={"twice": x, "square": x},
+                             reference=lambda a: (2 * a["x"].double(), a["x"].double() ** 2), knobs={"UNROLL": [1]},
+                             budget=1, workdir=tmp_path / "w", repeats=3, flags=["-O2"], quiet=True)
+    twice, square = tuned.function(x)
+    assert torch.allclose(twice, 2 * x) and torch.allclose(square, x * x)
+    xg = x.clone().requires_grad_()
+    t, s = tuned.function(xg)
+    (t.sum() + 3 * s.sum()).backward()
+    assert torch.allclose(xg.grad, 2 + 6 * x, atol=1e-5)
+    xg.grad = None
+    _, s = tuned.function(xg)  # a gradient through one output only
+    s.sum().backward()
+    assert torch.allclose(xg.grad, 2 * x, atol=1e-5)
+    c = torch.compile(tuned.function, fullgraph=True)
+    t2, s2 = c(x)
+    assert torch.allclose(t2, 2 * x) and torch.allclose(s2, x * x)
