@@ -51,6 +51,13 @@ def check_space(space: SearchSpace, *, genomes: int = 3, seed: int = 0, cache_di
     from evoengineer.evaluators.local import device_only_builds
     from evoengineer.tasks.base import get_task
 
+    if space.variant_axes:  # each signature variant in turn
+        codes = []
+        for v in space.variants():
+            say(f"== variant {space.variant_label(v)} ==")
+            codes.append(check_space(space.variant(v), genomes=genomes, seed=seed, cache_dir=cache_dir, jobs=jobs,
+                                     say=say))
+        return max(codes)
     task = get_task(space)
     say(f"space {space.name} ({space.backend}, {space.count_valid()} valid configurations), family {task.name}, "
         f"template {space.template}")

@@ -262,6 +262,26 @@ def _show_elites(elites: list[dict], as_json: bool, source_rank: int | None, whe
 def cmd_inspect(a: argparse.Namespace) -> int:
     from evoengineer import elite_json
 
+    from evoengineer.search.variants import is_variants_doc, read_group
+
+    try:
+        group = is_variants_doc(json.loads(Path(a.file).read_text()))
+    except (OSError, ValueError):
+        group = False
+    if group:  # a variants file: each variant's elite file in turn
+        doc, found = read_group(a.file)
+        if a.json:
+            print(json.dumps(doc, indent=2))
+            return 0
+        for row in doc["variants"]:
+            print(f"variant {row['label']} ({', '.join(f'{k}={v}' for k, v in row['values'].items())}): "
+                  f"{row['file']}, run {row['run_id']} ({row['run_status']})")
+        code = 0
+        for row, f in found:
+            print(f"\n== variant {row['label']} ==")
+            sub = argparse.Namespace(**{**vars(a), "file": str(f)})
+            code = max(code, cmd_inspect(sub))
+        return code
     doc = elite_json.read(a.file)
     if not a.json and a.source is None:
         print(f"space {doc['space']} | run {doc['run_id']} ({doc['run_status']}) | generation {doc['generation']} "

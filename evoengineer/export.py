@@ -116,6 +116,43 @@ def select_shape_elites(path: str | Path, family: str | None = None, accept_fami
     return doc, entries
 
 
+def _is_variant_group(path: str | Path) -> bool:
+    from evoengineer.search.variants import is_variants_doc
+
+    try:
+        return is_variants_doc(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def select_variant_entries(path: str | Path, per_shape: bool, family: str | None = None,
+                           accept_family_change: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A variants file's kernels for one dispatching op: per variant its rank-1 elite (with `per_shape`, its
+    shape_elites), each row's shape_spec carrying the variant's input dtypes (what a call is matched by). The
+    family must declare its call (the dtypes come from it)."""
+    from evoengineer.search.variants import read_group
+
+    group, found = read_group(path)
+    entries: list[dict[str, Any]] = []
+    docs = []
+    for row, f in found:
+        doc, picked = (select_shape_elites(f, family, accept_family_change) if per_shape else
+                       (lambda d_e: (d_e[0], [d_e[1]]))(select_elite(f, 1, family, accept_family_change)))
+        docs.append(doc)
+        cls = family_of(picked[0]["build"], family, str(f), f, accept_family_change)
+        try:
+            dtypes = [t.dtype for t in family_instance(cls, picked[0]["build"]).signature.inputs]
+        except NotImplementedError:
+            raise UserError(f"{path}: family {cls.name!r} has a binding of its own (no declared call to tell the "
+                            f"variants apart by): export each variant's file ({row['file']}) on its own") from None
+        for e in picked:
+            spec = dict(e.get("shape_spec") or {})
+            entries.append({**e, "shape": f"{row['label']}/{e.get('shape', 'rank1')}",
+                            "shape_spec": {**spec, "dtypes": dtypes}})
+    return {"space": group["space"], "run_id": None, "variants": [r["label"] for r, _ in found],
+            "docs": docs}, entries
+
+
 def check_buildable(e: dict[str, Any], where: str, family: str | None = None, elite_path: str | Path | None = None,
                     accept_family_change: bool = False) -> type:
     """The entry's family class; UserError (naming `where`) unless the entry has a build record of a family found
@@ -317,7 +354,12 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
     timed shape is nearest to the inputs (runtime.ShapeDispatch; the table in dispatch.json). `family`: where the
     elite's family is (module:Class or family.py:Class) when it is not shipped or installed. The folder appears
     whole or not at all; an existing one is replaced only with `force`."""
-    if per_shape:
+    group = _is_variant_group(path)
+    if group:  # one op over the variants' kernels, dispatched by the inputs' dtypes (and shape with per_shape)
+        doc, entries = select_variant_entries(path, per_shape, family, accept_family_change)
+        e = entries[0]
+        per_shape = True
+    elif per_shape:
         doc, entries = select_shape_elites(path, family, accept_family_change)
         e = entries[0]
     else:
@@ -328,16 +370,20 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
         raise UserError(f"--out {out}: exists and is not empty (--force replaces it)")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file")
-    notes = [n for n in [template_drift(doc, e)] if n]
+    notes = [n for n in [template_drift(doc, e)] if n] if not group else \
+        [n for d in doc["docs"] for n in [template_drift(d, d["elites"][0])] if n]
     task = cls.name
     function = cls.function
     where = f"{e['build']['backend']}{'/' + e['build']['arch'] if e['build'].get('arch') else ''}"
     if per_shape:
         hashes = list(dict.fromkeys(x["hash"] for x in entries))
-        package = re.sub(r"\W", "_", f"evo_{doc['space']}_shapes_{sha256_text(' '.join(hashes))[:10]}").lower()
+        package = re.sub(r"\W", "_", f"evo_{doc['space']}_{'variants' if group else 'shapes'}_"
+                                      f"{sha256_text(' '.join(hashes))[:10]}").lower()
         summary = (f"{doc['space']}: {len(hashes)} {task} kernel(s), the fastest of its search on each of "
                    f"{len(entries)} timed shapes ({', '.join(x['shape'] for x in entries)}), dispatched by shape, "
-                   f"{where}")
+                   f"{where}") if not group else (
+            f"{doc['space']}: {len(hashes)} {task} kernel(s) of {len(doc['variants'])} signature variants "
+            f"({', '.join(doc['variants'])}), dispatched by the inputs' dtypes, {where}")
     else:
         package = re.sub(r"\W", "_", f"evo_{doc['space']}_{e['hash'][:10]}").lower()
         summary = (f"{doc['space']} elite {rank}: {task} kernel {e['hash'][:12]} "
@@ -399,15 +445,21 @@ def load(path: str | Path, rank: int = 1, *, fallback: str | None = None,
     ShapeDispatch (`table`, `choose`), each kernel built when a call first needs it."""
     from evoengineer.ops.runtime import KernelOp, ShapeDispatch, default_build_root
 
-    if per_shape:
+    group = _is_variant_group(path)
+    if group:  # the variants' kernels, dispatched by the inputs' dtypes
+        doc, entries = select_variant_entries(path, per_shape, family, accept_family_change)
+        e = entries[0]
+        per_shape = True
+    elif per_shape:
         doc, entries = select_shape_elites(path, family, accept_family_change)
         e = entries[0]
     else:
         doc, e = select_elite(path, rank, family, accept_family_change)
     cls = family_of(e["build"], family, str(path), path, accept_family_change)
-    note = template_drift(doc, e)
-    if note:
-        print(f"evoengineer.load: {note}", file=sys.stderr)
+    for d, x in ([(d, d["elites"][0]) for d in doc["docs"]] if group else [(doc, e)]):
+        note = template_drift(d, x)
+        if note:
+            print(f"evoengineer.load: {note}", file=sys.stderr)
 
     def adapter(kernel: dict[str, Any]) -> Any:
         return family_instance(cls, kernel["build"]).op_adapter()

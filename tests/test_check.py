@@ -57,3 +57,12 @@ def test_check_compiles_and_gates_a_cuda_space_without_a_gpu(tmp_path: Path, bui
     assert main(["check", "--space", str(space), "--genomes", "1", "--cache-dir", str(build_cache)]) == 1
     out = capsys.readouterr().out
     assert "gate_failed" in out and "> max_registers 8" in out
+
+
+def test_check_goes_through_every_signature_variant(tmp_path: Path, build_cache: Path, capsys):
+    data = Path(__file__).resolve().parent / "data" / "variants"
+    assert main(["check", "--space", str(data / "variants.toml"), "--genomes", "1", "--cache-dir",
+                 str(build_cache)]) == 0
+    out = capsys.readouterr().out
+    assert "== variant float32 ==" in out and "== variant float64 ==" in out
+    assert "const void* x, void* out, int64_t n, double scale" in out and out.count("1 of 1 built") == 2

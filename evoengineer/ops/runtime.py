@@ -554,13 +554,18 @@ class DeclaredOp(OpAdapter):
         return v
 
     def call_features(self, args, kwargs):
+        """The call's sizes, and its kind: the dtypes of its tensors (what tells signature variants apart)."""
         values = dict(zip(self.names, args))
         values.update({k: v for k, v in kwargs.items() if k in self.names})
         sizes = resolve_sizes(self.call, values)
-        return {k: int(v) for k, v in sizes.items() if k not in self.call["fixed"]}, ()
+        kind = tuple(dtype_name(values[a["name"]].dtype) for a in self.params
+                     if a["kind"] == "tensor" and isinstance(values.get(a["name"]), torch.Tensor))
+        return {k: int(v) for k, v in sizes.items() if k not in self.call["fixed"]}, kind
 
     def spec_features(self, spec):
-        return {k: int(v) for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}, ()
+        """A recorded shape's sizes, and its kind: the variant's input dtypes when the row records them."""
+        kind = tuple(spec["dtypes"]) if isinstance(spec.get("dtypes"), list) else ()
+        return {k: int(v) for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}, kind
 
 
 class KernelOp:

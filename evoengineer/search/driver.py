@@ -119,9 +119,26 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
                  build_jobs: int | None = None, cache_dir: str | None = None,
                  cluster: ClusterOptions | None = None, **settings: Any) -> int:
     """Validate everything, create the run, search. Returns the process exit code. With `cluster`, candidates are
-    measured on a Dask cluster's GPU workers (evaluators/cluster.py)."""
+    measured on a Dask cluster's GPU workers (evaluators/cluster.py). A space with signature variants (a list in
+    [signature]) runs one search per variant (search/variants.py)."""
     space_path = Path(space_path).resolve()  # resume may run from another directory
     space = load_space(space_path)
+    if space.variant_axes:
+        from evoengineer.search.variants import start_variants
+
+        return start_variants(space, space_path=space_path, db=db, out=out, landscape=landscape, strategy=strategy,
+                              force=force, quiet=quiet, build_jobs=build_jobs, cache_dir=cache_dir, cluster=cluster,
+                              **settings)
+    return start_space(space, space_path=space_path, db=db, out=out, landscape=landscape, strategy=strategy,
+                       force=force, quiet=quiet, build_jobs=build_jobs, cache_dir=cache_dir, cluster=cluster,
+                       **settings)
+
+
+def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, out: str = "elite.json",
+                landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
+                build_jobs: int | None = None, cache_dir: str | None = None, cluster: ClusterOptions | None = None,
+                variant: dict[str, Any] | None = None, **settings: Any) -> int:
+    """start_search of a loaded space (one variant's, with `variant` recorded in the run's options)."""
     s = settings_from(space, strategy, **settings)
     if s.strategy == "optuna":
         make_sampler(s.sampler, seed=s.seed, population=s.population)  # a missing optional package fails here
@@ -145,6 +162,8 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
         fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
         store = open_store(db, create=True)
         config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}
+        if variant is not None:
+            config["variant"] = variant
         if cluster is not None:
             config["cluster"] = cluster.to_dict()
         run_id = store.create_run(space_name=space.name, space_path=str(space_path), space_text=space.text,
@@ -184,6 +203,13 @@ def resume_search(*, db: str = DEFAULT_URL, run_id: int | None = None, quiet: bo
     if run_id is None:
         run = store.latest_unfinished_run()
         if run is None:
+            from evoengineer.search.variants import unfinished_group
+
+            group = unfinished_group(store)  # killed between two variants: the next ones start
+            if group is not None:
+                from evoengineer.search.variants import continue_variants
+
+                return continue_variants(store, group, db=db, quiet=quiet, cluster=cluster)
             raise UserError(f"--db {db}: no unfinished run to resume")
     else:
         try:
@@ -226,10 +252,15 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: b
         cluster = ClusterOptions.from_dict(cfg["cluster"])
     evaluator = evaluator_for_resume(space, cfg["evaluator"], cluster)
     try:
-        return _resume_with(store, run, token, quiet, from_scratch, space, s, out, evaluator)
+        code = _resume_with(store, run, token, quiet, from_scratch, space, s, out, evaluator)
     except BaseException:
         evaluator.close()
         raise
+    if cfg.get("variant") and code in (0, NO_CORRECT_CANDIDATE):  # the variants after this one
+        from evoengineer.search.variants import continue_variants
+
+        return max(code, continue_variants(store, cfg["variant"], db=store.url, quiet=quiet, cluster=cluster))
+    return code
 
 
 def _resume_with(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: bool, space: SearchSpace,

@@ -88,6 +88,8 @@ class SearchSpace:
     evaluation: dict[str, Any]
     path: Path | None = None
     text: str = ""
+    #: signature keys given as lists: the variants searched (one run each; `signature` holds the first values)
+    variant_axes: dict[str, list[Value]] = field(default_factory=dict)
     _valid: list[tuple[int, ...]] | None = field(default=None, repr=False)
     _validity: dict[tuple[int, ...], bool] = field(default_factory=dict, repr=False, compare=False)
 
@@ -103,6 +105,31 @@ class SearchSpace:
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{where}: malformed TOML: {exc}") from None
         return _parse(data, text, Path(path) if path is not None else None, where, check_valid)
+
+    # ---- signature variants --------------------------------------------------------------------------------------
+    def variants(self) -> list[dict[str, Value]]:
+        """Every combination of the variant axes (signature keys given as lists), in file order; [] without."""
+        combos: list[dict[str, Value]] = [{}]
+        for k, values in self.variant_axes.items():
+            combos = [{**c, k: v} for c in combos for v in values]
+        return combos if self.variant_axes else []
+
+    def variant(self, values: dict[str, Value]) -> "SearchSpace":
+        """The space of one variant: the same file with each variant list replaced by one of its values (so the
+        text stored with its run rebuilds it)."""
+        where = str(self.path or self.name)
+        if set(values) != set(self.variant_axes):
+            raise UserError(f"{where}: variant {values}: expected a value for each of {sorted(self.variant_axes)}")
+        for k, v in values.items():
+            if canonical_text(v) not in {canonical_text(x) for x in self.variant_axes[k]}:
+                raise UserError(f"{where}: signature.{k}: {v!r} is not one of its variants {self.variant_axes[k]}")
+        text = _with_signature_values(self.text, values, where)
+        return SearchSpace.from_text(text, self.path)
+
+    @staticmethod
+    def variant_label(values: dict[str, Value]) -> str:
+        """A variant's name in file names and messages: its values joined ("bfloat16", "float16-4096")."""
+        return "-".join(str(canonical_text(v)).strip('"') for v in values.values())
 
     # ---- genome <-> params ---------------------------------------------------------------------------------------
     @property
@@ -408,8 +435,17 @@ def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bo
     parameters = [_parse_parameter(n, s, where) for n, s in data["parameters"].items()]
 
     signature = data.get("signature", {})
-    if not isinstance(signature, dict) or not all(_scalar_ok(v) for v in signature.values()):
+    if not isinstance(signature, dict) or not all(_scalar_ok(v) or isinstance(v, list) for v in signature.values()):
         raise UserError(f"{where}: signature must be a table of numbers, booleans or strings")
+    variant_axes: dict[str, list[Value]] = {}
+    for k, v in signature.items():  # a list: one variant per value (searched one after another, elites per variant)
+        if not isinstance(v, list):
+            continue
+        if not v or not all(_scalar_ok(x) for x in v) or len({canonical_text(x) for x in v}) != len(v):
+            raise UserError(f"{where}: signature.{k}: variants are a non-empty list of distinct numbers, booleans or "
+                            "strings")
+        variant_axes[k] = list(v)
+    signature = {k: (v[0] if isinstance(v, list) else v) for k, v in signature.items()}
     clash = set(signature) & {p.name for p in parameters}
     if clash:
         raise UserError(f"{where}: signature: {sorted(clash)} are also parameters")
@@ -471,10 +507,77 @@ def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bo
         template_path=template_path, task=data["task"], backend=backend, arch=arch, parameters=parameters,
         signature=dict(signature), constraints=constraints, gates=dict(gates), shapes=shapes,
         build_flags=tuple(build.get("flags", [])), cuda_flags=tuple(build.get("cuda_flags", [])),
-        ldflags=tuple(build.get("ldflags", [])), search=dict(search), evaluation=dict(evaluation), path=path, text=text)
+        ldflags=tuple(build.get("ldflags", [])), search=dict(search), evaluation=dict(evaluation), path=path, text=text,
+        variant_axes=variant_axes)
     if check_valid and constraints and space.count_valid() == 0:
         raise UserError(f"{where}: constraints exclude every configuration of the {space.product_size} in the space")
     return space
+
+
+def _array_end(text: str, start: int) -> int:
+    """The index just past the TOML array opening at text[start] ('['), strings and comments skipped."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "\"'":
+            quote = ch
+            i += 1
+            while i < n and text[i] != quote:
+                i += 2 if (text[i] == "\\" and quote == '"') else 1
+        elif ch == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
+def _toml_scalar(v: Value) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def _with_signature_values(text: str, values: dict[str, Value], where: str) -> str:
+    """`text` with each [signature] list named in `values` replaced by that value, checked by parsing it back."""
+    import re
+
+    header = re.search(r"^[ \t]*\[signature\][ \t]*(#.*)?$", text, re.M)
+    if header is None:
+        raise UserError(f"{where}: variants need a [signature] table")
+    end_match = re.compile(r"^[ \t]*\[", re.M).search(text, header.end())
+    body_end = end_match.start() if end_match else len(text)
+    out = text
+    for k, v in values.items():
+        body = out[header.end():body_end]
+        m = re.search(rf"^([ \t]*{re.escape(k)}[ \t]*=[ \t]*)\[", body, re.M)
+        if m is None:
+            raise UserError(f"{where}: signature.{k}: write its variants as {k} = [...] inside [signature]")
+        start = header.end() + m.end() - 1
+        stop = _array_end(out, start)
+        if stop < 0:
+            raise UserError(f"{where}: signature.{k}: unterminated list")
+        new = _toml_scalar(v)
+        out = out[:start] + new + out[stop:]
+        body_end += len(new) - (stop - start)
+    try:
+        data, orig = tomllib.loads(out), tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{where}: signature variants: {exc}") from None
+    want = {k: (values[k] if k in values else v) for k, v in orig.get("signature", {}).items()}
+    if data.get("signature") != want or {k: v for k, v in data.items() if k != "signature"} != \
+            {k: v for k, v in orig.items() if k != "signature"}:
+        raise UserError(f"{where}: signature variants: could not write the variant {values} (write each list "
+                        "on its own line inside [signature])")
+    return out
 
 
 def _family_folder(task: Any, path: Path | None) -> Path | None:
