@@ -167,7 +167,8 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
             "toolchain": (run.fingerprint or {}).get("toolchain")}
 
 
-_SESSION_KEYS = ("finalists", "rounds", "repeats", "baseline", "noise_cv", "cache", "pinning", "replay")
+_SESSION_KEYS = ("finalists", "rounds", "rounds_done", "repeats", "baseline", "baseline_calls", "baseline_rounds",
+                 "budget_s", "expected_s", "seconds", "noise_cv", "cache", "pinning", "replay")
 
 
 def _retiming(elites: list[Any], run_status: str, note: str, records: list[Any] | None = None) -> dict[str, Any]:

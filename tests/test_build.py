@@ -58,21 +58,28 @@ def test_default_search_on_cpu_then_cached_rebuild(tmp_path: Path, build_cache: 
         assert "MsdaTraits" in e["source"]
     # the finalists (2 x K) were re-timed together on fresh inputs, threads pinned, the baseline's noise recorded
     rt = doc["retiming"]
-    assert rt["ranked_by"] == "re-timed p50" and rt["finalists"] == 2 and rt["rounds"] == 5
+    assert rt["ranked_by"] == "re-timed p50" and rt["finalists"] == 2 and 2 <= rt["rounds"] <= 5
     assert "OMP_PROC_BIND=" in rt["pinning"] and rt["baseline"] == "reference" and rt["noise_cv"] >= 0
+    # within its budget (a share of the search's measuring time): calls sized per finalist, two rounds at least
+    rounds = rt.get("rounds_done", rt["rounds"])
+    assert rt["budget_s"] > 0 and 2 <= rounds <= rt["rounds"] and 2 <= rt["baseline_rounds"] <= rt["rounds"]
     for e in doc["elites"]:
         r = e["retimed"]
-        assert r["calls"] == 5 * 20 and r["p10_us"] <= r["p50_us"] <= r["p90_us"] and r["ratio"] > 0
+        assert r["calls"] % rounds == 0 and 3 <= r["calls"] // rounds <= 20
+        assert r["p10_us"] <= r["p50_us"] <= r["p90_us"] and r["ratio"] > 0
         assert isinstance(r["flag"], str) and e["search_p50_us"] == e["metrics"]["search_time_us"]
         assert e["metrics"]["time_us"] == r["p50_us"]  # the ranking's timing first
     con = sqlite3.connect(tmp_path / "s.db")
     retimes = [json.loads(r[0])["retime"] for r in con.execute("select metrics from candidates where run_id = 1")
                if "retime" in json.loads(r[0])]
-    assert len(retimes) == 2 and all(len(x["positions"]) == 5 for x in retimes)
-    # round-robin: in each round (2 finalists + the baseline) both finalists ran, the first one alternating
-    assert sorted(p for x in retimes for p in x["positions"]) == [0, 1, 3, 4, 6, 7, 9, 10, 12, 13]
+    assert len(retimes) == 2 and all(len(x["positions"]) == rounds for x in retimes)
+    # round-robin: in each round both finalists ran (then the baseline, in the rounds it is timed), the first one
+    # alternating
+    pairs = sorted(zip(*(x["positions"] for x in retimes)))
+    assert all(abs(p - q) == 1 for p, q in pairs) and [min(p) for p in pairs] == sorted(min(p) for p in pairs)
     assert {x["positions"][0] for x in retimes} == {0, 1}
-    assert all(x["positions"][0] % 3 != x["positions"][1] % 3 for x in retimes)  # round 2 starts with the other
+    a, b = (x["positions"] for x in retimes)
+    assert (a[0] < b[0]) != (a[1] < b[1])  # round 2 starts with the other
     metrics = [json.loads(r[0]) for r in con.execute("select metrics from candidates where run_id = 1")]
     assert len(metrics) == 6 and all("build_s" in m for m in metrics)
     # a new run with the same seed starts from the same population: those builds all come from the cache

@@ -53,9 +53,9 @@ def test_elites_are_ranked_by_the_retimed_p50(toy_dir: Path):
         asked: list[list[str]] = []
         lucky = wrong = ""
 
-        def retime(self, candidates, *, session):
+        def retime(self, candidates, *, session, **kw):
             self.asked.append([c.hash for c in candidates])
-            rt = super().retime(candidates, session=session)
+            rt = super().retime(candidates, session=session, **kw)
             rt.samples[self.lucky] = [[x * 1.5 for x in r] for r in rt.samples[self.lucky]]
             del rt.samples[self.wrong]
             rt.dropped[self.wrong] = ("wrong", "3 of 64 outputs beyond tolerance on shape s (seed 1)")
@@ -103,7 +103,7 @@ def test_a_failed_retiming_keeps_the_search_ranking_and_says_why(toy_dir: Path):
     from evoengineer.evaluators.replay import ReplayEvaluator
 
     class Hangs(ReplayEvaluator):
-        def retime(self, candidates, *, session):
+        def retime(self, candidates, *, session, **kw):
             return Retiming(samples={}, notes={"failed": "timeout: no answer within 60 s (worker killed)"})
 
     space = load_space(toy_dir / "toy_space.toml")
@@ -164,8 +164,8 @@ def test_tables_lead_with_the_ranking_time_on_a_noisy_machine(toy_dir: Path, cap
     class Noisy(ReplayEvaluator):
         lucky = ""
 
-        def retime(self, candidates, *, session):
-            rt = super().retime(candidates, session=session)
+        def retime(self, candidates, *, session, **kw):
+            rt = super().retime(candidates, session=session, **kw)
             # the search's fastest was a lucky timing: twice as slow re-timed; the machine's noise is ~25%
             rt.samples[self.lucky] = [[x * 2.0 for x in r] for r in rt.samples[self.lucky]]
             rt.baseline, rt.baseline_p50_us = "reference", [1000.0, 1400.0, 700.0, 1200.0, 900.0]
@@ -239,8 +239,8 @@ def test_the_searchs_best_re_timed_slower_is_named_everywhere(toy_dir: Path, mon
     real = ReplayEvaluator.retime
     slow: dict[str, str] = {}
 
-    def retime(self, candidates, *, session):
-        rt = real(self, candidates, session=session)
+    def retime(self, candidates, *, session, **kw):
+        rt = real(self, candidates, session=session, **kw)
         lucky = min(rt.samples, key=lambda h: (rt.samples[h][0][0], h))  # the search's fastest finalist
         slow["hash"] = lucky
         rt.samples[lucky] = [[x * 1.5 for x in r] for r in rt.samples[lucky]]
@@ -287,3 +287,106 @@ def test_a_best_that_is_rank_1_draws_no_line(toy_dir: Path, monkeypatch, capsys)
     assert doc["search_best"]["rank"] == 1 and "not_rank_1" not in doc["search_best"]
     assert doc["search_best"]["hash"] == doc["elites"][0]["hash"]
     assert not any(ln.startswith("the search's best") for ln in capsys.readouterr().out.splitlines())
+
+
+# ---- a bounded re-timing: calls from the noise, the baseline as often as the ranking needs, a budget ---------------
+def test_plan_sizes_calls_from_the_noise_and_times_a_costly_baseline_in_fewer_rounds():
+    from evoengineer.evaluators.retiming import MIN_CALLS, MIN_ROUNDS, plan_retiming
+
+    quiet, noisy = (1000.0, 1000.0), (1000.0, 1300.0)
+    plan = plan_retiming({"q": quiet, "n": noisy}, baseline_us=10.0, rounds=5, most=50, warmup=1, budget_s=None)
+    assert plan["repeats"] == {"q": MIN_CALLS, "n": 50}  # a quiet finalist needs few calls, a noisy one the most
+    assert plan["baseline_rounds"] == [0, 1, 2, 3, 4] and plan["baseline_calls"] == 50  # cheap: every round
+    # the CPU MSDA case of issue 54: six finalists at ~45 ms, a 650 ms baseline, 20 calls at the most
+    six = {f"f{i}": (45000.0, 47000.0) for i in range(6)}
+    unbounded = plan_retiming(six, baseline_us=650000.0, rounds=5, most=20, warmup=1, budget_s=None)
+    finalists_round = sum((k + 1) * 0.045 for k in unbounded["repeats"].values())
+    assert unbounded["baseline_calls"] == MIN_CALLS and len(unbounded["baseline_rounds"]) < 5
+    assert unbounded["baseline_rounds"][0] == 0 and unbounded["baseline_rounds"][-1] == 4
+    assert len(unbounded["baseline_rounds"]) * (MIN_CALLS + 1) * 0.65 <= 5 * finalists_round / 2 + 1e-9
+    # within a budget: the baseline is cut first, then every finalist's calls alike, then rounds
+    bounded = plan_retiming(six, baseline_us=650000.0, rounds=5, most=20, warmup=1, budget_s=20.0)
+    assert bounded["expected_s"] <= 20.0 and bounded["baseline_rounds"] == [0, 4]
+    assert len(set(bounded["repeats"].values())) == 1 and bounded["rounds"] == 5
+    tiny = plan_retiming(six, baseline_us=650000.0, rounds=5, most=20, warmup=1, budget_s=1.0)
+    assert tiny["rounds"] == MIN_ROUNDS and set(tiny["repeats"].values()) == {MIN_CALLS}  # the least there is
+    assert tiny["baseline_rounds"] == [0, 1]
+
+
+def test_the_runner_budgets_the_re_timing_from_the_runs_measuring_time(toy_dir: Path):
+    from evoengineer.evaluators.replay import ReplayEvaluator
+    from evoengineer.search.runner import Runner, SearchSettings
+    from evoengineer.store import CandidateRecord, Store
+
+    space = load_space(toy_dir / "toy_space.toml")
+    store = Store("sqlite://")
+    rid = store.create_run(space_name=space.name, space_path="x", space_text=space.text, template=space.template,
+                           template_sha256="t" * 64, config={}, seed=0, fingerprint={})
+    runner = Runner(space=space, evaluator=ReplayEvaluator(toy_dir / "landscape.csv", space), store=store,
+                    run=store.get_run(rid), settings=SearchSettings(), out=toy_dir / "e.json")
+    for i in range(10):
+        runner.records[f"h{i}"] = CandidateRecord(hash=f"h{i}", params={}, status="ok", metrics={
+            "time_us": 1000.0 + i, "time_p90_us": 1100.0 + i, "measure_s": 4.0, "baseline_us": 50000.0})
+    plan = runner.retime_plan([runner.records[f"h{i}"] for i in range(6)])
+    assert plan["budget_s"] == 10.0  # retime_share 0.2 of search + re-timing: a quarter of the 40 s measured
+    assert set(plan["repeats"]) == {f"h{i}" for i in range(6)} and plan["expected_s"] <= 10.0
+
+
+def test_the_progress_line_states_the_re_timing_budget():
+    import io
+    from types import SimpleNamespace
+
+    from evoengineer.search.progress import ProgressPrinter
+
+    class Ev:
+        kind = "local"
+
+        def utilization(self):
+            return None
+
+        def utilization_by_device(self):
+            return {}
+
+        def build_stats(self):
+            return {}
+
+        def start_timeline(self):
+            return {}
+
+    runner = SimpleNamespace(status_counts=lambda: {"ok": 1}, settings=SimpleNamespace(budget=1), evaluations=1,
+                             elite_hashes=[], records={}, evaluator=Ev(), space=SimpleNamespace(backend="cpu"),
+                             finish_s={"retime": 12.34, "sanitizer": 0.0}, retime_budget_s=15.0)
+    log = io.StringIO()
+    ProgressPrinter(log).on_generation(runner, 0, {"stop": "budget"})
+    assert "finishing: re-timing 12.3 s (budget 15.0 s), sanitizer 0.0 s" in log.getvalue()
+
+
+def test_a_real_re_timing_follows_its_plan_and_stops_at_its_budget(tmp_path: Path, build_cache: Path):
+    """The measuring worker times each finalist for its own calls, the baseline only in the rounds the plan names,
+    and starts no round once its budget is spent (two rounds at the least)."""
+    import shutil
+
+    from conftest import DATA
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.evaluators.local import LocalEvaluator
+    from evoengineer.evaluators.retiming import MIN_ROUNDS
+
+    shutil.copytree(DATA / "faults", tmp_path / "faults")
+    space = load_space(tmp_path / "faults" / "faults_space.toml")
+    f = CandidateFactory(space)
+    a, b = f.make({"FAULT": "none", "D_VEC": 4}), f.make({"FAULT": "none", "D_VEC": 8})
+    ev = LocalEvaluator(space, cache_dir=build_cache, build_jobs=2)
+    try:
+        plan = {"rounds": 4, "warmup": 1, "repeats": {a.hash: 3, b.hash: 5}, "baseline_calls": 3,
+                "baseline_rounds": [0, 3], "budget_s": None, "expected_s": 0.0}
+        rt = ev.retime([a, b], session="plan", plan=plan)
+        assert not rt.notes.get("failed"), rt.notes
+        assert [len(r) for r in rt.samples[a.hash]] == [3] * 4 and [len(r) for r in rt.samples[b.hash]] == [5] * 4
+        assert len(rt.baseline_p50_us) == 2
+        assert [i for i, h in enumerate(rt.order) if h.startswith("baseline:")] == [2, 9]  # after rounds 1 and 4
+        assert rt.notes["baseline_rounds"] == 2 and "rounds_done" not in rt.notes
+        rt = ev.retime([a, b], session="spent", plan={**plan, "budget_s": 0.0})
+        assert len(rt.samples[a.hash]) == MIN_ROUNDS and rt.notes["rounds_done"] == MIN_ROUNDS
+        assert len(rt.baseline_p50_us) == 2  # its last planned round not reached: timed once more, for the noise
+    finally:
+        ev.close()

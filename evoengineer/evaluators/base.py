@@ -163,9 +163,11 @@ class Evaluator(ABC):
         (the elites are published uncertified)."""
         return {}
 
-    def retime(self, candidates: Sequence[Candidate], *, session: str) -> "Retiming | None":
-        """Time finalists again, together (evaluators/retiming.py): rounds of interleaved timings on fresh inputs.
-        None when this evaluator cannot (the elites keep the ranking of their first timing)."""
+    def retime(self, candidates: Sequence[Candidate], *, session: str,
+               plan: dict[str, Any] | None = None) -> "Retiming | None":
+        """Time finalists again, together (evaluators/retiming.py): rounds of interleaved timings on fresh inputs,
+        as `plan` says (retiming.plan_retiming: rounds, calls per finalist, the baseline's calls and rounds, a
+        budget in seconds). None when this evaluator cannot (the elites keep the ranking of their first timing)."""
         return None
 
     def fingerprint(self) -> dict[str, Any]:

@@ -360,9 +360,10 @@ def measure_task(spec: dict[str, Any], candidate: Candidate, build: dict[str, An
             "worker": worker.address, "worker_name": str(worker.name)}
 
 
-def retime_task(spec: dict[str, Any], candidates: list[Candidate], session: str) -> Any:
+def retime_task(spec: dict[str, Any], candidates: list[Candidate], session: str,
+                plan: dict[str, Any] | None = None) -> Any:
     """Task on a GPU worker: the finalists timed again together, round-robin, on this one device."""
-    return _worker_evaluator(spec, "measure").retime(candidates, session=session)
+    return _worker_evaluator(spec, "measure").retime(candidates, session=session, plan=plan)
 
 
 def sanitize_task(spec: dict[str, Any], candidates: list[Candidate]) -> dict[str, dict[str, Any]]:
@@ -512,13 +513,14 @@ class ClusterEvaluator(Evaluator):
     def utilization_by_device(self) -> dict[str, float]:
         return dict(sorted(self.busy_by_worker.items()))
 
-    def retime(self, candidates: Sequence[Candidate], *, session: str) -> Any:
+    def retime(self, candidates: Sequence[Candidate], *, session: str, plan: dict[str, Any] | None = None) -> Any:
         """The finalists re-timed together on one GPU worker (one task: every round on the same device)."""
         from distributed.scheduler import KilledWorker
 
         from evoengineer.evaluators.retiming import Retiming
 
-        fut = self.client.submit(retime_task, self.spec, list(candidates), session, resources={GPU: 1}, pure=False)
+        fut = self.client.submit(retime_task, self.spec, list(candidates), session, plan, resources={GPU: 1},
+                                 pure=False)
         try:
             return self._result(fut)
         except KilledWorker as exc:

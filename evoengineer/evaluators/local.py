@@ -375,12 +375,24 @@ class LocalEvaluator(BuildAheadEvaluator):
                                 tools=tools, timeout_s=float(self.settings["sanitizer_timeout_s"])))
         return verdicts
 
-    def retime(self, candidates: Sequence[Candidate], *, session: str) -> Retiming | None:
-        """The finalists timed together in the worker: `retime_rounds` rounds of `retime_repeats` calls each,
-        round-robin, on fresh inputs (checked first). A hang or crash of the worker fails the re-timing as a whole
-        (the notes say why); the search's ranking then stands."""
+    def retime(self, candidates: Sequence[Candidate], *, session: str,
+               plan: dict[str, Any] | None = None) -> Retiming | None:
+        """The finalists timed together in the worker, round-robin, on fresh inputs (checked first), as `plan`
+        says (rounds, calls per finalist, the baseline's calls and rounds, a budget); without one, `retime_rounds`
+        rounds of `retime_repeats` calls each, the baseline every round. A hang or crash of the worker fails the
+        re-timing as a whole (the notes say why); the search's ranking then stands."""
+        t_start = time.perf_counter()
         st = self.settings
         rounds, repeats = int(st["retime_rounds"]), int(st["retime_repeats"]) or int(st["repeats"])
+        warmup = max(1, int(st["warmup"]) // 4)
+        calls: dict[str, int] = {c.hash: repeats for c in candidates}
+        base_calls, base_rounds, budget = repeats, list(range(rounds)), None
+        if plan is not None:
+            rounds, warmup = int(plan["rounds"]), int(plan.get("warmup", warmup))
+            calls.update({h: int(k) for h, k in plan["repeats"].items()})
+            base_calls, base_rounds = int(plan["baseline_calls"]), [int(r) for r in plan["baseline_rounds"]]
+            budget = plan.get("budget_s")
+            repeats = max(calls.values(), default=repeats)
         dropped: dict[str, tuple[str, str]] = {}
         built = []
         for c in candidates:
@@ -390,11 +402,15 @@ class LocalEvaluator(BuildAheadEvaluator):
             else:
                 dropped[c.hash] = (b.status, b.reason)
         notes: dict[str, Any] = {"rounds": rounds, "repeats": repeats}
+        if plan is not None:
+            notes.update(budget_s=budget, expected_s=plan.get("expected_s"), baseline_calls=base_calls,
+                         baseline_rounds=len(base_rounds))
         if self.space.backend == "cpu":
             notes["pinning"] = " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PINNING.items())
         if not built:
             return Retiming(samples={}, dropped=dropped, notes=notes)
-        per_candidate = float(st["timeout_s"]) * max(1.0, rounds * repeats / (int(st["warmup"]) + int(st["repeats"])))
+        per_candidate = float(st["timeout_s"]) * max(1.0, rounds * (repeats + warmup)
+                                                     / (int(st["warmup"]) + int(st["repeats"])))
         # in a fresh measuring process: nothing any candidate of the search did to the last one carries over
         if self.worker is not None:
             self.worker.close()
@@ -407,9 +423,13 @@ class LocalEvaluator(BuildAheadEvaluator):
                 except Exception:  # noqa: BLE001 - it was going to be replaced anyway
                     pass
             self.worker = self._new_worker(for_retiming=True)
-            reply = self.worker.request({"cmd": "retime", "session": session, "rounds": rounds,
-                                         "repeats": repeats, "candidates": built},
-                                        per_candidate * len(built) + float(st["timeout_s"]))
+            # the budget is the whole re-timing's: what the fresh worker's start took is spent already
+            left = None if budget is None else max(0.0, float(budget) - (time.perf_counter() - t_start))
+            reply = self.worker.request({"cmd": "retime", "session": session, "rounds": rounds, "warmup": warmup,
+                                         "repeats": {b["hash"]: calls[b["hash"]] for b in built},
+                                         "baseline_calls": base_calls, "baseline_rounds": base_rounds,
+                                         "budget_s": left, "candidates": built},
+                                        per_candidate * (len(built) + 1) + float(st["timeout_s"]))
         except WorkerFailure as f:
             self._drop_worker()
             return Retiming(samples={}, dropped=dropped, notes={**notes, "failed": f"{f.status}: {f.reason}"})
@@ -422,6 +442,10 @@ class LocalEvaluator(BuildAheadEvaluator):
         for h, why in reply["dropped"].items():
             dropped[h] = (why["status"], why["reason"])
         base = reply["baseline"]
+        if reply.get("rounds_done", rounds) < rounds:
+            notes["rounds_done"] = reply["rounds_done"]  # the budget was spent before the planned rounds
+        if "seconds" in reply:
+            notes["seconds"] = reply["seconds"]  # in the fresh worker, its start not counted
         return Retiming(samples=reply["samples"], dropped=dropped, baseline=base["name"],
                         baseline_p50_us=base["p50_per_round"], order=reply["order"],
                         notes={**notes, "cache": reply["cache"], "process": "a fresh measuring process"})

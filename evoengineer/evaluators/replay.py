@@ -331,9 +331,11 @@ class ReplayEvaluator(BuildAheadEvaluator):
             with open(self.log_path, "a") as f:
                 f.write(f"{candidate.hash} {m.status}\n")
 
-    def retime(self, candidates: Sequence[Candidate], *, session: str) -> Retiming:
+    def retime(self, candidates: Sequence[Candidate], *, session: str,
+               plan: dict[str, Any] | None = None) -> Retiming:
         """The recorded time again, once per round, in the order a real re-timing would run (round-robin): a
-        landscape has one measurement per configuration, so re-timing confirms it and never reorders."""
+        landscape has one measurement per configuration, so re-timing confirms it and never reorders (a plan's
+        calls and budget do not apply: nothing is timed)."""
         from evoengineer.tasks.settings import evaluation_settings
 
         rounds = int(evaluation_settings(self.space)["retime_rounds"])

@@ -19,6 +19,13 @@ from typing import Any
 #: a re-timing within this share of the first timing is never flagged (timer resolution, clocks)
 MIN_TOLERANCE = 0.03
 BOOTSTRAP_RESAMPLES = 200
+#: the plan's floor: calls per finalist and round, rounds (a round-to-round CV needs two), and the least relative
+#: spread a finalist is assumed to have (the search's p90 can sit on its p50)
+MIN_CALLS = 3
+MIN_ROUNDS = 2
+MIN_SPREAD = 0.005
+#: what the calls are sized for: a finalist's median known to +-1% (95%), where its noise and the budget allow
+TARGET_CI = 0.01
 
 
 @dataclass
@@ -38,6 +45,69 @@ class Retiming:
     def noise_cv(self) -> float | None:
         """Coefficient of variation of the baseline's per-round p50s (None without a baseline or with one round)."""
         return cv(self.baseline_p50_us)
+
+
+def calls_for_noise(p50_us: float, p90_us: float | None, rounds: int, most: int) -> int:
+    """Calls per round that put a finalist's median within TARGET_CI (95%) of the truth, from the spread of its
+    search timing (p90 over p50; a normal's p90 is 1.28 sigma out, the median's standard error 1.25 sigma /
+    sqrt(n)); between MIN_CALLS and `most`."""
+    spread = MIN_SPREAD
+    if isinstance(p90_us, (int, float)) and p50_us > 0 and math.isfinite(p90_us):
+        spread = max(MIN_SPREAD, (p90_us / p50_us - 1.0) / 1.2816)
+    n = math.ceil((1.96 * 1.2533 * spread / TARGET_CI) ** 2)
+    return max(MIN_CALLS, min(most, math.ceil(n / max(1, rounds))))
+
+
+def plan_retiming(finalists: dict[str, tuple[float, float | None]], *, baseline_us: float | None, rounds: int,
+                  most: int, warmup: int, budget_s: float | None) -> dict[str, Any]:
+    """How to re-time `finalists` (hash -> the search's p50 and p90 per call, us) at a bounded cost:
+
+    - calls per finalist and round sized from its noise (calls_for_noise), at most `most`;
+    - the baseline (it only gauges the machine's drift between rounds, and the speedup) costs at most half of what
+      the finalists cost in a round: at least MIN_CALLS calls, and when even those cost more than the finalists
+      together, timed in fewer rounds (at least MIN_ROUNDS, the first and the last among them);
+    - with a budget (seconds): what does not fit is cut, the baseline first (MIN_CALLS calls in MIN_ROUNDS rounds),
+      then every finalist's calls alike (down to MIN_CALLS), then rounds (down to MIN_ROUNDS). The estimate uses the
+      search's timings; the worker also stops after a round once the budget is spent (MIN_ROUNDS done).
+
+    Returns rounds, calls per finalist (`repeats`), the baseline's calls and rounds, the budget and the expected
+    seconds."""
+    w = max(0, warmup)
+    cost = {h: max(0.0, p50) * 1e-6 for h, (p50, _) in finalists.items()}
+    calls = {h: calls_for_noise(p50, p90, rounds, most) for h, (p50, p90) in finalists.items()}
+
+    def finalists_round(c: dict[str, int]) -> float:
+        return sum((c[h] + w) * cost[h] for h in c)
+
+    base = max(0.0, baseline_us or 0.0) * 1e-6
+    f_round = finalists_round(calls)
+    b_calls, b_rounds = 0, 0
+    if base > 0:
+        b_calls = max(MIN_CALLS, min(most, math.floor(f_round / 2 / base)))
+        b_rounds = rounds
+        if (MIN_CALLS + w) * base > f_round / 2:  # even a few calls cost more than half the finalists' round
+            b_rounds = max(MIN_ROUNDS, min(rounds, math.floor(rounds * f_round / 2 / ((MIN_CALLS + w) * base))))
+
+    def total(r: int, c: dict[str, int], bc: int, br: int) -> float:
+        return r * finalists_round(c) + br * (bc + w) * base
+
+    if budget_s is not None and total(rounds, calls, b_calls, b_rounds) > budget_s:
+        if base > 0:
+            b_calls, b_rounds = MIN_CALLS, min(rounds, MIN_ROUNDS)
+        left = budget_s - min(rounds, b_rounds) * (b_calls + w) * base
+        if rounds * f_round > left:
+            warm = sum(w * cost[h] for h in calls)
+            timed = sum(calls[h] * cost[h] for h in calls)
+            scale = max(0.0, (left / rounds - warm) / timed) if timed > 0 else 1.0
+            calls = {h: max(MIN_CALLS, min(calls[h], math.floor(calls[h] * scale))) for h in calls}
+            f_round = finalists_round(calls)
+            if rounds * f_round > left and f_round > 0:
+                rounds = max(MIN_ROUNDS, min(rounds, math.floor(left / f_round)))
+        b_rounds = min(b_rounds, rounds)
+    spread = sorted({round(i * (rounds - 1) / (b_rounds - 1)) for i in range(b_rounds)}) if b_rounds > 1 else \
+        ([0] if b_rounds == 1 else [])
+    return {"rounds": rounds, "repeats": calls, "baseline_calls": b_calls, "baseline_rounds": spread,
+            "budget_s": budget_s, "expected_s": round(total(rounds, calls, b_calls, len(spread)), 3)}
 
 
 def round_robin(items: list[str], rounds: int) -> list[list[str]]:

@@ -773,16 +773,25 @@ class Session:
 
     # ---- re-timing of the finalists ---------------------------------------------------------------------------
     def retime(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time the finalists together on fresh inputs: `rounds` rounds, each timing every candidate (and the first
-        baseline) for `repeats` calls, the order rotated by one every round (round-robin interleaving, so drift of
-        the machine hits every candidate alike). Each candidate's output on the fresh inputs is checked against the
-        reference first. Returns per hash the samples per round (or why it was dropped), the baseline's per-round
-        p50s and the order the timings ran in."""
+        """Time the finalists together on fresh inputs: `rounds` rounds, each timing every candidate for its
+        `repeats` calls (a number, or one per hash) and, in the rounds `baseline_rounds` names (default: every
+        one), the first baseline for `baseline_calls`, the order rotated by one every round (round-robin
+        interleaving, so drift of the machine hits every candidate alike). With `budget_s`, no round starts once
+        the time spent here and a round like the last would exceed it (two rounds at the least). Each candidate's
+        output on the fresh inputs is checked against the reference first. Returns per hash the samples per round
+        (or why it was dropped), the baseline's per-round p50s, the order the timings ran in and the rounds done."""
         from evoengineer.compiler.steps import load_module
+        from evoengineer.evaluators.retiming import MIN_ROUNDS
 
-        session, rounds, repeats = str(msg["session"]), int(msg["rounds"]), int(msg["repeats"])
+        t_start = time.perf_counter()
+        session, rounds = str(msg["session"]), int(msg["rounds"])
+        repeats = msg["repeats"]
+        calls_of = (lambda h: int(repeats[h])) if isinstance(repeats, dict) else (lambda h: int(repeats))
+        base_calls = int(msg.get("baseline_calls") or max([calls_of(c["hash"]) for c in msg["candidates"]] or [1]))
+        base_rounds = set(msg.get("baseline_rounds", range(rounds)))
+        budget = msg.get("budget_s")
         self._start_guards(baselines=False)
-        warmup = max(1, int(self.settings["warmup"]) // 4)
+        warmup = int(msg.get("warmup") or max(1, int(self.settings["warmup"]) // 4))
         sets = {e.name: self._input_set(e, self._seed(e.name, 0, f"retime/{session}"), with_ref=True)
                 for e in self.task.entries if e.time}
         loaded: dict[str, Any] = {}
@@ -826,7 +835,12 @@ class Session:
         from evoengineer.evaluators.retiming import median, round_robin
 
         streams = {h: self._stream() for h in loaded}
-        for turn in round_robin(list(loaded), rounds):
+        done, t_round = 0, 0.0
+        for r, turn in enumerate(round_robin(list(loaded), rounds)):
+            spent = time.perf_counter() - t_start
+            if budget is not None and done >= MIN_ROUNDS and spent + t_round > float(budget):
+                break  # the budget is spent: the rounds done rank the finalists
+            t0 = time.perf_counter()
             for h in turn:
                 if h in dropped:
                     continue
@@ -836,7 +850,7 @@ class Session:
                 with ctx:
                     for n, s in sets.items():  # a candidate's time is the sum over the timed shapes, as in the search
                         t = self._time_n(lambda module=module, s=s, out=outs[h][n]:
-                                         self.task.launch(module, s.inputs, out), warmup, repeats,
+                                         self.task.launch(module, s.inputs, out), warmup, calls_of(h),
                                          before=self._resetter(outs[h][n], [s]))
                         per_round.append(t)
                 changes = self.guard.check((stream.cuda_stream,) if stream is not None else ())
@@ -846,13 +860,19 @@ class Session:
                     continue
                 samples[h].append([sum(x) for x in zip(*per_round)])
                 order.append(h)
-            if base_fn is not None:
-                baseline.append(median(self._time_n(base_fn[1], warmup, repeats)))
+            if base_fn is not None and r in base_rounds:
+                baseline.append(median(self._time_n(base_fn[1], warmup, base_calls)))
                 order.append(f"baseline:{base_fn[0]}")
+            done, t_round = done + 1, time.perf_counter() - t0
+        if base_fn is not None and base_rounds and len(baseline) < min(2, len(base_rounds)) and done:
+            # stopped before the baseline's last round: a second timing of it, or there is no noise to tell
+            baseline.append(median(self._time_n(base_fn[1], warmup, base_calls)))
+            order.append(f"baseline:{base_fn[0]}")
         self._restore_inputs()
         for s in sets.values():
             s.inputs.verify_and_restore()
-        return {"ok": True, "samples": samples, "dropped": dropped, "order": order,
+        return {"ok": True, "samples": samples, "dropped": dropped, "order": order, "rounds_done": done,
+                "seconds": round(time.perf_counter() - t_start, 3),
                 "baseline": {"name": base_fn[0] if base_fn else None, "p50_per_round": baseline},
                 "cache": "L2 flushed before every call" if (self.task.device == "cuda" and st["l2_flush"])
                 else ("L2 warm (same inputs every call)" if self.task.device == "cuda" else "warm (CPU)")}

@@ -99,7 +99,10 @@ class ProgressPrinter:
             line += self._start(runner)
             fin = getattr(runner, "finish_s", None)
             if fin and sum(fin.values()) >= 0.05:
-                line += f" | finishing: re-timing {fin['retime']:.1f} s, sanitizer {fin['sanitizer']:.1f} s"
+                budget = getattr(runner, "retime_budget_s", None)
+                line += (f" | finishing: re-timing {fin['retime']:.1f} s"
+                         + (f" (budget {budget:.1f} s)" if isinstance(budget, (int, float)) else "")
+                         + f", sanitizer {fin['sanitizer']:.1f} s")
             line += f" | stopped: {stats['stop']}"
         self._print(line)
         if elites:

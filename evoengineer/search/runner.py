@@ -97,6 +97,7 @@ class Runner:
         self.stop_requested = False  # set by the driver's SIGINT handler
         self.retime_note = ""  # why the finished run's elites were not re-timed
         self.finish_s: dict[str, float] = {}  # the finished run's re-timing and sanitizer seconds
+        self.retime_budget_s: float | None = None  # the re-timing's budget (seconds), when it ran with one
         self.lease_lost = False  # set by the driver's heartbeat thread when another process took the run over
         self._specs: dict[str, dict[str, Any]] | None = None  # timed shape specs (elite.json's shape_elites)
 
@@ -177,7 +178,9 @@ class Runner:
         session = hashlib.sha256(json.dumps(pool).encode()).hexdigest()[:16]
         stored = [r.metrics.get("retime") for r in recs]
         if not all(isinstance(x, dict) and x.get("session") == session for x in stored):
-            rt = self.evaluator.retime([self.factory.make(r.params) for r in recs], session=session)
+            plan = self.retime_plan(recs)
+            self.retime_budget_s = plan["budget_s"]
+            rt = self.evaluator.retime([self.factory.make(r.params) for r in recs], session=session, plan=plan)
             if rt is None or rt.notes.get("failed"):
                 self.retime_note = (rt.notes["failed"] if rt is not None else "this evaluator does not re-time")
                 return list(proposed)
@@ -186,6 +189,26 @@ class Runner:
         ranked = sorted((r for r in recs if r.status == "ok" and "p50_us" in r.metrics["retime"]),
                         key=lambda r: (r.metrics["retime"]["p50_us"], r.hash))
         return [r.hash for r in ranked]
+
+    def retime_plan(self, recs: Sequence[CandidateRecord]) -> dict[str, Any]:
+        """How the finalists `recs` are re-timed (retiming.plan_retiming): calls sized from each one's search timing,
+        the baseline from its search p50, within a budget of `retime_share` of the run's measuring time (the
+        measuring seconds the search spent, stored with every candidate, so a resumed run plans alike)."""
+        st = evaluation_settings(self.space)
+        share = float(st["retime_share"])
+        measured = sum(float(r.metrics["measure_s"]) for r in self.records.values()
+                       if isinstance(r.metrics.get("measure_s"), (int, float)))
+        budget = round(share / (1 - share) * measured, 2) if share > 0 and measured > 0 else None
+        bases = sorted(float(r.metrics["baseline_us"]) for r in self.records.values()
+                       if isinstance(r.metrics.get("baseline_us"), (int, float)) and r.metrics["baseline_us"] > 0)
+        p90 = {r.hash: r.metrics.get("time_p90_us") for r in recs}
+        warmup = max(1, int(st["warmup"]) // 4)
+        plan = retiming.plan_retiming({r.hash: (_first_time(r) or 0.0, p90[r.hash]) for r in recs},
+                                      baseline_us=bases[len(bases) // 2] if bases else None,
+                                      rounds=int(st["retime_rounds"]),
+                                      most=int(st["retime_repeats"]) or int(st["repeats"]), warmup=warmup,
+                                      budget_s=budget)
+        return {**plan, "warmup": warmup}
 
     def _store_retime(self, rec: CandidateRecord, rt: Retiming, session: str) -> None:
         info: dict[str, Any] = {"session": session, "finalists": len(rt.samples) + len(rt.dropped),

@@ -17,8 +17,10 @@ EVALUATION_DEFAULTS = {"warmup": 20, "repeats": 100, "timeout_s": 120.0, "init_t
                        # compute-sanitizer tools each elite runs under before it is published (CUDA; [] = none)
                        "sanitizer": ["memcheck", "racecheck", "synccheck"], "sanitizer_timeout_s": 300.0,
                        # re-timing at the end of a search (evaluators/retiming.py): finalists = this x K (0 = off),
-                       # rounds of interleaved timings, calls per finalist and round (0 = `repeats`)
-                       "retime_finalists": 2, "retime_rounds": 5, "retime_repeats": 0}
+                       # rounds of interleaved timings, the most calls per finalist and round (0 = `repeats`; fewer
+                       # where a finalist's noise allows), and its budget: this share of the run's measuring time
+                       # (search and re-timing; 0 = no budget)
+                       "retime_finalists": 2, "retime_rounds": 5, "retime_repeats": 0, "retime_share": 0.2}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
@@ -45,4 +47,6 @@ def evaluation_settings(space: SearchSpace) -> dict[str, Any]:
     for k in ("retime_finalists", "retime_repeats"):
         if out[k] != int(out[k]):
             raise UserError(f"{where}.{k}: must be a whole number")
+    if out["retime_share"] >= 1:
+        raise UserError(f"{where}.retime_share: a share of the run, below 1 (0 = no budget)")
     return out
