@@ -1,4 +1,4 @@
-"""Command line: search, resume, inspect, elites, spaces."""
+"""The command line (`python -m evoengineer --help` lists its commands)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from evoengineer.store import DEFAULT_URL
-from evoengineer.errors import UserError
+from evoengineer.errors import UsageError, UserError
 
 GPU_DEFAULT_SPACE = "cuda_msda_fp16"
 CPU_DEFAULT_SPACE = "cpu_msda"
@@ -64,8 +64,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m evoengineer", description=__doc__)
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = _Parser(prog="python -m evoengineer", epilog="python -m evoengineer COMMAND --help: the command's options; "
+                                                         "README.md: the whole story")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("search", help="start a new search run")
     s.add_argument("--space", help="space file or shipped space name (default: GPU space if a GPU is present, "
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--accept-family-change", action="store_true",
                    help="export through a family whose source file differs from the one the search recorded "
                         "(same name and version)")
+    # the description names every command there is (it is made from them, so it cannot fall behind)
+    ap.description = f"EvoEngineer: evolutionary search for fast kernels. Commands: {', '.join(sub.choices)}."
     return ap
 
 
@@ -181,12 +184,12 @@ def _cluster_options(a: argparse.Namespace):
     tls = TLSFiles.from_options(a.tls_ca_file, a.tls_cert, a.tls_key)
     if a.cluster is None:
         if a.cluster_workers is not None or tls is not None:
-            raise UserError("--cluster-workers and --tls-* go with --cluster")
+            raise UsageError("--cluster-workers and --tls-* go with --cluster")
         return None
     if a.cluster_workers is not None and a.cluster != "local":
-        raise UserError("--cluster-workers: only with --cluster local (an external scheduler has its own workers)")
+        raise UsageError("--cluster-workers: only with --cluster local (an external scheduler has its own workers)")
     if a.cluster_workers == 0:
-        raise UserError("--cluster-workers: must be at least 1")
+        raise UsageError("--cluster-workers: must be at least 1")
     check_address(a.cluster, tls)  # refused before anything starts or connects
     return ClusterOptions(address=a.cluster, workers=a.cluster_workers, tls=tls)
 
@@ -197,10 +200,10 @@ def cmd_worker(a: argparse.Namespace) -> int:
     tls = TLSFiles.from_options(a.tls_ca_file, a.tls_cert, a.tls_key)
     check_address(a.scheduler, tls, option="--scheduler")
     if a.gpus is not None and a.simulate:
-        raise UserError("--gpus and --simulate: one or the other")
+        raise UsageError("--gpus and --simulate: one or the other")
     gpus = [g.strip() for g in a.gpus.split(",") if g.strip()] if a.gpus is not None else None
     if gpus is not None and not gpus:
-        raise UserError("--gpus: no GPU named")
+        raise UsageError("--gpus: no GPU named")
     cache = str(Path(a.cache_dir).expanduser().resolve()) if a.cache_dir else None
     layout = host_layout(gpus=gpus, simulate=a.simulate, build_jobs=a.build_jobs, builds=a.build_jobs != 0,
                          cache_dir=cache, what="worker")
@@ -406,9 +409,9 @@ def cmd_export(a: argparse.Namespace) -> int:
     from evoengineer.export import export
 
     if a.rank < 1:
-        raise UserError("--rank: must be at least 1")
+        raise UsageError("--rank: must be at least 1")
     if a.per_shape and a.rank != 1:
-        raise UserError("--rank and --per-shape: one or the other (--per-shape packages the best of each shape)")
+        raise UsageError("--rank and --per-shape: one or the other (--per-shape packages the best of each shape)")
     folder, package, notes = export(a.file, a.out, rank=a.rank, force=a.force, per_shape=a.per_shape,
                                     family=a.family, accept_family_change=a.accept_family_change)
     for n in notes:
@@ -432,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        text = f"error: {exc}"
+        if isinstance(exc, UsageError) and "--help" not in text:  # a flag's fault: where the flags are explained
+            text += f" (see python -m evoengineer {args.command} --help)"
+        print(text, file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:
         return 0

@@ -8,3 +8,8 @@ class UserError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+class UsageError(UserError):
+    """A flag's value, or a combination of flags, that the command does not take. The CLI adds a pointer to the
+    command's --help."""

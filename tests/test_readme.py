@@ -82,3 +82,88 @@ def test_what_the_readmes_commands_write_is_ignored_by_git():
                        capture_output=True, input="\n".join(str(p) for p in paths) + "\n")
     not_ignored = [ln.split("\t")[-1] for ln in r.stdout.splitlines() if ln.startswith("::")]
     assert not not_ignored, f"following the README leaves these untracked and not ignored: {not_ignored}"
+
+
+# ---- what the README names exists -------------------------------------------------------------------------------
+ROOTS = ("evoengineer/", "elite_store/", "templates/", "search_spaces/", "experiments/", "examples/", "tests/")
+
+
+def test_the_files_and_modules_the_readme_names_exist():
+    import importlib
+
+    missing = []
+    for ref in sorted(set(re.findall(r"`([^`\s]+)`", README))):
+        ref = ref.rstrip(".,:;")
+        if ref.startswith(ROOTS) and not any(c in ref for c in "<>*{}$"):
+            if ref.startswith("evoengineer/data/") or ref.endswith(".db"):  # made by a wheel's build, by a search
+                continue
+            if not (ROOT / ref).exists():
+                missing.append(ref)
+        elif re.fullmatch(r"(evoengineer|elite_store)(\.\w+)+", ref):
+            parts = ref.split(".")
+            for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+                try:
+                    obj = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[cut:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    missing.append(ref)
+                break
+            else:
+                missing.append(ref)
+    assert not missing, f"the README names what does not exist: {missing}"
+
+
+def test_the_cli_synopsis_has_every_command_and_option():
+    from evoengineer.cli import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction")
+    block = re.search(r"## CLI\n\n```\n(.*?)```", README, re.S).group(1)
+    lines = {}
+    for chunk in re.split(r"\n(?=python -m evoengineer )", block.strip()):
+        lines[chunk.split()[3]] = chunk
+    assert set(lines) == set(sub.choices), (sorted(lines), sorted(sub.choices))
+    missing = []
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if not opt.startswith("--") or opt == "--help":
+                    continue
+                if opt not in lines[name] and not (opt.startswith("--tls-") and "--tls-*" in lines[name]):
+                    missing.append(f"{name} {opt}")
+    assert not missing, f"options missing from the README's CLI synopsis: {missing}"
+    for strategy in __import__("evoengineer.search", fromlist=["STRATEGIES"]).STRATEGIES:
+        assert strategy in lines["search"].split("--strategy ")[1].split("]")[0]
+
+
+def test_help_names_every_command():
+    from evoengineer.cli import COMMANDS, build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    described = text.split("Commands: ")[1].split(".")[0]
+    assert [c.strip() for c in described.split(",")] == list(build_parser()._subparsers._group_actions[0].choices)
+    assert set(COMMANDS) <= set(c.strip() for c in described.split(","))
+
+
+def test_the_evaluation_keys_are_all_named():
+    from evoengineer.tasks.settings import EVALUATION_DEFAULTS
+
+    table = README[README.index("[evaluation]  "):README.index("[[shapes]]", README.index("[evaluation]  "))]
+    assert [k for k in EVALUATION_DEFAULTS if k not in table] == []
+
+
+def test_usage_errors_point_to_the_commands_help(tmp_path, monkeypatch, capsys):
+    from evoengineer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for argv, command in ((["search", "--elite", "0"], "search"), (["search", "--strategy", "annealing"], "search"),
+                          (["export", "e.json", "--out", "x", "--rank", "0"], "export"),
+                          (["resume", "--cluster-workers", "2"], "resume")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.endswith(f"(see python -m evoengineer {command} --help)"), err
+    assert not list(tmp_path.iterdir())

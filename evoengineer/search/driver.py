@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from evoengineer.store import DEFAULT_URL, RunInfo, Store, StoreError
 from evoengineer import elite_json
 from evoengineer.candidate import CandidateFactory, template_sha256
-from evoengineer.errors import UserError
+from evoengineer.errors import UsageError, UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.cluster import ClusterEvaluator, ClusterLost, ClusterOptions
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
@@ -47,27 +47,27 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         v = given.get(key)
         values[key] = v if v is not None else space.search.get(key, default)
     if values["population"] < 2:
-        raise UserError("--population must be at least 2")
+        raise UsageError("--population must be at least 2")
     if values["elite"] < 1 or values["elite"] >= values["population"]:
-        raise UserError("--elite must be at least 1 and smaller than --population")
+        raise UsageError("--elite must be at least 1 and smaller than --population")
     if values["generations"] < 0:
-        raise UserError("--generations must be >= 0")
+        raise UsageError("--generations must be >= 0")
     if values["budget"] is not None and values["budget"] < 1:
-        raise UserError("--budget must be at least 1")
+        raise UsageError("--budget must be at least 1")
     if strategy not in STRATEGIES:
-        raise UserError(f"--strategy {strategy!r}: unknown (known: {', '.join(STRATEGIES)})")
+        raise UsageError(f"--strategy {strategy!r}: unknown (known: {', '.join(STRATEGIES)})")
     if strategy == "ga":
         n_valid = space.count_valid()
         if values["population"] > n_valid:
-            raise UserError(f"--population {values['population']}: the space has only {n_valid} valid "
+            raise UsageError(f"--population {values['population']}: the space has only {n_valid} valid "
                             "configurations (a GA population holds distinct ones)")
     _fit_budget(values, given, space)
     if sampler is not None and strategy != "optuna":
-        raise UserError(f"--sampler {sampler}: only with --strategy optuna")
+        raise UsageError(f"--sampler {sampler}: only with --strategy optuna")
     if strategy == "optuna":
         sampler = sampler or "tpe"
         if sampler not in SAMPLERS:
-            raise UserError(f"--sampler {sampler!r}: unknown (known: {', '.join(SAMPLERS)})")
+            raise UsageError(f"--sampler {sampler!r}: unknown (known: {', '.join(SAMPLERS)})")
     return SearchSettings(strategy=strategy, sampler=sampler, **values)
 
 
@@ -82,7 +82,7 @@ def _fit_budget(values: dict[str, Any], given: dict[str, Any], space: SearchSpac
     where = f"--budget {budget}" if given.get("budget") is not None else \
         f"the space's budget {budget} (its [search] table; --budget sets it)"
     if given.get("population") is not None:
-        raise UserError(f"--population {values['population']} is larger than {where}: the run would end before "
+        raise UsageError(f"--population {values['population']} is larger than {where}: the run would end before "
                         "its first population is evaluated (python -m evoengineer search --help)")
     fit = max(2, budget)
     if fit >= values["population"]:
@@ -92,7 +92,7 @@ def _fit_budget(values: dict[str, Any], given: dict[str, Any], space: SearchSpac
     if given.get("elite") is None:
         values["elite"] = min(values["elite"], fit - 1)
     elif values["elite"] >= fit:
-        raise UserError(f"--elite {values['elite']}: must be smaller than the population, which {where} "
+        raise UsageError(f"--elite {values['elite']}: must be smaller than the population, which {where} "
                         f"makes {fit}")
     how = f"to fit {where}" if fit == budget else f"(the smallest a population can be) for {where}"
     print(f"note: population {was} (the default) shrunk to {fit} {how}"
