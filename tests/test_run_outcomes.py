@@ -88,6 +88,10 @@ def test_budget_1_evaluates_one_candidate_with_every_strategy(toy_dir: Path, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["note: population 12 (the default) shrunk to 2 (the smallest a population can be) for --budget 1, "
                    "elite 3 to 1"]
+    if strategy == "ga":  # and said in words that fit one
+        assert main(["search", "--space", "toy_space.toml", "--landscape", "landscape.csv", "--db",
+                     "sqlite:///b.db", "--budget", "1", "--force"]) == 0
+        assert "finished (budget): 1 evaluation; elites in elite.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))

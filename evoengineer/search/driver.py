@@ -385,7 +385,8 @@ def _drive(store: Store, run: RunInfo, space: SearchSpace, evaluator: Evaluator,
             print(line, file=sys.stderr)
         return NO_CORRECT_CANDIDATE
     if not quiet:
-        print(f"run {run.id} finished ({reason}): {runner.evaluations} evaluations; elites in {out}",
+        print(f"run {run.id} finished ({reason}): {runner.evaluations} evaluation"
+              f"{'' if runner.evaluations == 1 else 's'}; elites in {out}",
               file=sys.stderr)
         builds = [r.metrics["build_s"] for r in runner.records.values()
                   if isinstance(r.metrics.get("build_s"), (int, float)) and not r.metrics.get("build_cached")]
