@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evoengineer.evaluators.retiming import MIN_TOLERANCE, Retiming, summarize
+from evoengineer.evaluators.retiming import MIN_BUDGET_S, MIN_TOLERANCE, Retiming, summarize
 from evoengineer.space import load_space
 
 
@@ -326,10 +326,13 @@ def test_the_runner_budgets_the_re_timing_from_the_runs_measuring_time(toy_dir: 
                     run=store.get_run(rid), settings=SearchSettings(), out=toy_dir / "e.json")
     for i in range(10):
         runner.records[f"h{i}"] = CandidateRecord(hash=f"h{i}", params={}, status="ok", metrics={
-            "time_us": 1000.0 + i, "time_p90_us": 1100.0 + i, "measure_s": 4.0, "baseline_us": 50000.0})
+            "time_us": 1000.0 + i, "time_p90_us": 1100.0 + i, "measure_s": 8.0, "baseline_us": 50000.0})
     plan = runner.retime_plan([runner.records[f"h{i}"] for i in range(6)])
-    assert plan["budget_s"] == 10.0  # retime_share 0.2 of search + re-timing: a quarter of the 40 s measured
-    assert set(plan["repeats"]) == {f"h{i}" for i in range(6)} and plan["expected_s"] <= 10.0
+    assert plan["budget_s"] == 20.0  # retime_share 0.2 of search + re-timing: a quarter of the 80 s measured
+    assert set(plan["repeats"]) == {f"h{i}" for i in range(6)} and plan["expected_s"] <= 20.0
+    for r in runner.records.values():
+        r.metrics["measure_s"] = 1.0
+    assert runner.retime_plan([runner.records["h0"]])["budget_s"] == MIN_BUDGET_S  # a short run: the least budget
 
 
 def test_the_progress_line_states_the_re_timing_budget():

@@ -26,6 +26,9 @@ MIN_ROUNDS = 2
 MIN_SPREAD = 0.005
 #: what the calls are sized for: a finalist's median known to +-1% (95%), where its noise and the budget allow
 TARGET_CI = 0.01
+#: the least budget a re-timing gets (a fresh worker's start alone takes seconds; short runs and fast GPU kernels,
+#: whose calls cost next to nothing, would otherwise be left two rounds)
+MIN_BUDGET_S = 15.0
 
 
 @dataclass

@@ -193,12 +193,13 @@ class Runner:
     def retime_plan(self, recs: Sequence[CandidateRecord]) -> dict[str, Any]:
         """How the finalists `recs` are re-timed (retiming.plan_retiming): calls sized from each one's search timing,
         the baseline from its search p50, within a budget of `retime_share` of the run's measuring time (the
-        measuring seconds the search spent, stored with every candidate, so a resumed run plans alike)."""
+        measuring seconds the search spent, stored with every candidate, so a resumed run plans alike; at least
+        retiming.MIN_BUDGET_S)."""
         st = evaluation_settings(self.space)
         share = float(st["retime_share"])
         measured = sum(float(r.metrics["measure_s"]) for r in self.records.values()
                        if isinstance(r.metrics.get("measure_s"), (int, float)))
-        budget = round(share / (1 - share) * measured, 2) if share > 0 and measured > 0 else None
+        budget = round(max(retiming.MIN_BUDGET_S, share / (1 - share) * measured), 2) if share > 0 else None
         bases = sorted(float(r.metrics["baseline_us"]) for r in self.records.values()
                        if isinstance(r.metrics.get("baseline_us"), (int, float)) and r.metrics["baseline_us"] > 0)
         p90 = {r.hash: r.metrics.get("time_p90_us") for r in recs}
