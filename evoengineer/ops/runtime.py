@@ -225,24 +225,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     name = kernel["module"]
     if name in _loaded():
         return _loaded()[name]
-    sources = [folder / kernel["source_file"], folder / "binding.cpp", folder / "shim.cpp"]
-    # the bindings' shared headers (a package exported before cubin_module.h existed has only the first)
-    headers = [folder / h for h in BINDING_HEADERS if h == BINDING_HEADERS[0] or (folder / h).exists()]
-    digest = hashlib.sha256()
-    for p in sources + headers:
-        digest.update(p.read_bytes())
-    digest.update(json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
-                             sort_keys=True).encode())
-    digest.update(torch.__version__.encode())
-    out = (build_root or default_build_root()) / f"{name}-{digest.hexdigest()[:12]}"
-    out.mkdir(parents=True, exist_ok=True)
-    # compiled from copies inside the (content-addressed) build folder: an installed package and evoengineer.load of
-    # the same kernel then write the same ninja file and find each other's build up to date (ninja tracks paths)
-    local = out / "src"
-    local.mkdir(exist_ok=True)
-    for p in sources + headers:
-        write_if_changed(local / p.name, p.read_bytes())
-    sources = [local / p.name for p in sources]
+    root = build_root or default_build_root()
     cuda = build["backend"] == "cuda"
     if cuda:
         if not torch.cuda.is_available():
@@ -253,12 +236,62 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     flags = list(build.get("flags", [])) + (["-DEVO_WITH_CUDA"] if cuda else [])
     cuda_flags = (list(build.get("cuda_flags", [])) + ["-DEVO_WITH_CUDA"]) if cuda else None
+    settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
+                          sort_keys=True).encode()
+    binding = _build_binding(folder, root, flags, cuda_flags, cuda, settings)
+    sources = [folder / kernel["source_file"], folder / "shim.cpp"]
+    digest = hashlib.sha256()
+    for p in sources:
+        digest.update(p.read_bytes())
+    digest.update(binding.name.encode())
+    digest.update(settings)
+    digest.update(torch.__version__.encode())
+    out = root / f"{name}-{digest.hexdigest()[:12]}"
+    out.mkdir(parents=True, exist_ok=True)
+    # compiled from copies inside the (content-addressed) build folder: an installed package and evoengineer.load of
+    # the same kernel then write the same ninja file and find each other's build up to date (ninja tracks paths)
+    local = out / "src"
+    local.mkdir(exist_ok=True)
+    for p in sources:
+        write_if_changed(local / p.name, p.read_bytes())
+    sources = [local / p.name for p in sources]
+    # the kernel and its shim only (no torch header is parsed here), linked to the family binding built once
+    ldflags = [*build.get("ldflags", []), f"-L{binding.parent}", f"-l:{binding.name}", f"-Wl,-rpath,{binding.parent}"]
     with build_folder_lock(out):
         module = cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=flags,
-                                    extra_cuda_cflags=cuda_flags, extra_ldflags=list(build.get("ldflags", [])),
-                                    build_directory=str(out), with_cuda=cuda, is_python_module=True, verbose=False)
+                                    extra_cuda_cflags=cuda_flags, extra_ldflags=ldflags, build_directory=str(out),
+                                    with_cuda=cuda, is_python_module=True, verbose=False)
     _loaded()[name] = module
     return module
+
+
+def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[str] | None, cuda: bool,
+                   settings: bytes) -> Path:
+    """The family binding of an exported kernel as a shared library, built once per binding source, headers, build
+    settings and torch (under `root`/bindings, shared by every exported kernel of that family and signature): the
+    compile that parses torch's headers is paid once, not per op. Returns the library's path."""
+    from torch.utils import cpp_extension
+
+    files = [folder / "binding.cpp"] + [folder / h for h in BINDING_HEADERS
+                                        if h == BINDING_HEADERS[0] or (folder / h).exists()]
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes())
+    digest.update(settings)
+    digest.update(torch.__version__.encode())
+    name = f"evo_opbinding_{digest.hexdigest()[:16]}"
+    out = root / "bindings" / name
+    so = out / f"{name}.so"
+    with build_folder_lock(out):
+        if not so.exists():
+            local = out / "src"
+            local.mkdir(exist_ok=True)
+            for p in files:
+                write_if_changed(local / p.name, p.read_bytes())
+            cpp_extension.load(name=name, sources=[str(local / "binding.cpp")], extra_cflags=flags,
+                               extra_include_paths=[str(local)], extra_cuda_cflags=cuda_flags,
+                               build_directory=str(out), is_python_module=False, verbose=False, with_cuda=cuda)
+    return so
 
 
 @contextlib.contextmanager
