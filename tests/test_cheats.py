@@ -39,18 +39,24 @@ def cheats(tmp_path_factory, build_cache):
 def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheats):
     ev, honest, planted = cheats
     assert ev.evaluate(honest).status == "ok"  # a fresh worker's first candidate: its team and caches warm up
-    before = ev.evaluate(honest)
-    assert before.status == "ok", before
-    assert {"state", "sentinel", "honesty"} <= set(before.metrics["worker_s"])
+    firsts = [ev.evaluate(honest) for _ in range(2)]
+    assert all(b.status == "ok" for b in firsts), firsts
+    assert {"state", "sentinel", "honesty"} <= set(firsts[0].metrics["worker_s"])
+    before = min(b.time_us for b in firsts)  # the honest kernel's time on this machine, before any cheat
     for cheat, (status, words) in CHEATS.items():
         m = ev.evaluate(planted[cheat])
         assert m.status == status and words in m.reason, (cheat, m.status, m.reason)
-        after = ev.evaluate(honest)
-        assert after.status == "ok", (cheat, after)
-        ratio = after.time_us / before.time_us
-        # within the noise of a loaded 2-core machine (the poisoners slow it 2x and more when not undone)
-        assert 0.6 < ratio < 1.5, (cheat, before.time_us, after.time_us)
-        assert not after.metrics.get("state_changes"), (cheat, after.metrics.get("state_changes"))
+        # within the noise of a loaded machine (the poisoners slow it 2x-12x when not undone, and keep slowing it):
+        # a measurement the load spoiled is taken again, up to three in all, and the best counts
+        times = []
+        for _ in range(3):
+            after = ev.evaluate(honest)
+            assert after.status == "ok", (cheat, after)
+            assert not after.metrics.get("state_changes"), (cheat, after.metrics.get("state_changes"))
+            times.append(after.time_us)
+            if 0.6 < min(times) / before < 1.5:
+                break
+        assert 0.6 < min(times) / before < 1.5, (cheat, before, times)
 
 
 def test_a_thread_left_running_replaces_the_worker_and_restorable_state_does_not(cheats):
