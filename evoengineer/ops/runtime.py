@@ -28,6 +28,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -270,8 +272,6 @@ def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[
     """The family binding of an exported kernel as a shared library, built once per binding source, headers, build
     settings and torch (under `root`/bindings, shared by every exported kernel of that family and signature): the
     compile that parses torch's headers is paid once, not per op. Returns the library's path."""
-    from torch.utils import cpp_extension
-
     files = [folder / "binding.cpp"] + [folder / h for h in BINDING_HEADERS
                                         if h == BINDING_HEADERS[0] or (folder / h).exists()]
     digest = hashlib.sha256()
@@ -288,9 +288,22 @@ def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[
             local.mkdir(exist_ok=True)
             for p in files:
                 write_if_changed(local / p.name, p.read_bytes())
-            cpp_extension.load(name=name, sources=[str(local / "binding.cpp")], extra_cflags=flags,
-                               extra_include_paths=[str(local)], extra_cuda_cflags=cuda_flags,
-                               build_directory=str(out), is_python_module=False, verbose=False, with_cuda=cuda)
+            # built in a child process: cpp_extension loads what it builds, and a binding loaded into this process
+            # could lend its symbols to the kernels of another family's binding loaded later (every binding
+            # defines evo_binding_make_module); linked as a kernel module's dependency, each stays its own
+            job = {"name": name, "sources": [str(local / "binding.cpp")], "extra_cflags": flags,
+                   "extra_include_paths": [str(local)], "extra_cuda_cflags": cuda_flags, "build_directory": str(out),
+                   "with_cuda": cuda}
+            code = ("import json, sys\nfrom torch.utils import cpp_extension\n"
+                    "cpp_extension.load(**json.loads(sys.argv[1]), is_python_module=False, verbose=False)\n")
+            env = dict(os.environ)
+            if cuda and os.environ.get("TORCH_CUDA_ARCH_LIST"):
+                env["TORCH_CUDA_ARCH_LIST"] = os.environ["TORCH_CUDA_ARCH_LIST"]
+            r = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True,
+                               env=env)
+            if r.returncode != 0 or not so.exists():
+                tail = (r.stderr or r.stdout).strip().splitlines()[-20:]
+                raise RuntimeError(f"the family binding of this kernel failed to build ({out}):\n" + "\n".join(tail))
     return so
 
 
