@@ -181,7 +181,7 @@ def test_unknown_top_level_key(sdir: Path, extra: str, words: list[str]):
     (HEADER + "constraints = \"A > 1\"\n", ["constraints must be a list of strings"]),
     (HEADER + "constraints = [1]\n", ["constraints must be a list of strings"]),
     (HEADER + "[signature]\nA = 3\n", ["signature", "A"]),
-    (HEADER + "[signature]\nX = [1]\n", ["signature"]),
+    (HEADER + "[signature]\nX = { a = 1 }\n", ["signature"]),
     (HEADER + "[gates]\nmax_cats = 1\n", ["gates.max_cats"]),
     (HEADER + "[gates]\nmax_registers = -1\n", ["gates.max_registers"]),
     (HEADER + "[search]\npopulation = -1\n", ["search.population"]),

@@ -58,7 +58,7 @@ def outside(tmp_path: Path) -> Path:
                                       "~/secret.txt"])
 def test_template_outside_the_folder_is_refused(sdir: Path, outside: Path, template: str):
     msg = refused(write_space(sdir, f'"{template}"'), "template", repr(template))
-    assert "inside the space file's folder or the shipped templates folder" in msg
+    assert "must lie inside the space file's folder, the shipped templates folder" in msg
 
 
 def test_absolute_template_inside_the_folder_is_refused_too(sdir: Path):
