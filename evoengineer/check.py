@@ -75,10 +75,7 @@ def check_space(space: SearchSpace, *, genomes: int = 3, seed: int = 0, cache_di
             f"{space.arch}; no link, no load")
 
         def one(c: Any) -> dict[str, Any]:
-            return safe(compile_checked, {"dir": str(cache / "check" / c.hash[:2] / c.hash), "suffix": ".cu",
-                                          "source": c.source, "cuda_cflags": builder.cuda_cflags,
-                                          "arch": space.arch, "gate": builder._gate_job(),
-                                          "device_only": builder._device_only(c)})
+            return safe(compile_checked, builder.compile_job(c, cache / "check" / c.hash[:2] / c.hash))
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(one, candidates))

@@ -136,8 +136,11 @@ def select_variant_entries(path: str | Path, per_shape: bool, family: str | None
     entries: list[dict[str, Any]] = []
     docs = []
     for row, f in found:
-        doc, picked = (select_shape_elites(f, family, accept_family_change) if per_shape else
-                       (lambda d_e: (d_e[0], [d_e[1]]))(select_elite(f, 1, family, accept_family_change)))
+        if per_shape:
+            doc, picked = select_shape_elites(f, family, accept_family_change)
+        else:
+            doc, first = select_elite(f, 1, family, accept_family_change)
+            picked = [first]
         docs.append(doc)
         cls = family_of(picked[0]["build"], family, str(f), f, accept_family_change)
         try:

@@ -168,15 +168,16 @@ def _write_tensor(path: Path, t: torch.Tensor) -> dict[str, Any]:
     return {"file": path.name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
 
 
-def _digest(values: Mapping[str, Any], names: Sequence[str]) -> str:
-    """What identifies an input set: the bytes of its tensors and its scalars, in call order."""
+def input_digest(values: Mapping[str, Any], names: Sequence[str]) -> str:
+    """What identifies an input set: the bytes of its tensors and its scalars, in call order (the pool records it;
+    the generated family's reference finds a set by it)."""
     h = hashlib.sha256()
     for n in names:
         v = values[n]
         if isinstance(v, torch.Tensor):
             h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
-            h.update(repr(v.item() if isinstance(v, torch.Tensor) else v).encode())
+            h.update(repr(v).encode())
     return h.hexdigest()
 
 
@@ -217,7 +218,7 @@ def _write_pool(folder: Path, call: list[dict[str, Any]], shape_sizes: dict[str,
             refs = {"": ref} if single else ref
             d = folder / shape / str(k)
             d.mkdir(parents=True, exist_ok=True)
-            entry = {"digest": _digest(values, [a["name"] for a in inputs]), "inputs": {}, "reference": {}}
+            entry = {"digest": input_digest(values, [a["name"] for a in inputs]), "inputs": {}, "reference": {}}
             for a in inputs:
                 v = values[a["name"]]
                 entry["inputs"][a["name"]] = (_write_tensor(d / f"in_{a['name']}.bin", v) if a["kind"] == "tensor"
@@ -241,6 +242,7 @@ import torch
 
 from evoengineer.family import Family, Scalar, Signature, Tensor
 from evoengineer.ops.runtime import DTYPES
+from evoengineer.tuning import input_digest
 
 HERE = Path(__file__).resolve().parent
 SPEC = json.loads((HERE / "call.json").read_text())
@@ -285,15 +287,7 @@ class TunedKernel(Family):
         return out
 
     def reference(self, inputs):
-        names = [a["name"] for a in SPEC["call"] if not a.get("output")]
-        h = __import__("hashlib").sha256()
-        for n in names:
-            v = inputs[n]
-            if isinstance(v, torch.Tensor):
-                h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            else:
-                h.update(repr(v.item() if isinstance(v, torch.Tensor) else v).encode())
-        digest = h.hexdigest()
+        digest = input_digest(inputs, [a["name"] for a in SPEC["call"] if not a.get("output")])
         for shape, sets in self._sets().items():
             for k, s in enumerate(sets):
                 if s["digest"] == digest:

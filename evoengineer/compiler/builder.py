@@ -255,6 +255,13 @@ class Builder(QueuedBuilds):
                "gate": self._gate_job(), "device_only": self._device_only(candidate)}
         return self.queue.submit(k, (candidate, job, time.perf_counter()), ahead=ahead)
 
+    def compile_job(self, candidate: Candidate, folder: Path) -> dict[str, Any]:
+        """The job of `steps.compile_checked` for `candidate` in `folder`: the compile and gate a build would run
+        (device flags, arch, gates, device-only or not), nothing linked (`evoengineer check`)."""
+        return {"dir": str(folder), "suffix": self.suffix, "source": candidate.source,
+                "cuda_cflags": self.cuda_cflags, "arch": self.space.arch, "gate": self._gate_job(),
+                "device_only": self._device_only(candidate)}
+
     def _start_job(self, payload: tuple[Candidate, dict[str, Any], float]) -> Future:
         try:
             return self._executor().submit(steps.safe, steps.build_candidate, payload[1])
