@@ -514,6 +514,12 @@ class Family(ABC):
         """Callables timed beside each candidate (same worker, same inputs)."""
         return {}
 
+    def baseline_reference(self, name: str, inputs: Inputs) -> Any:
+        """The answer baseline `name` is held to when it is checked against the reference at a worker's start, where
+        it is not the family's reference (e.g. a baseline that runs on the unquantized tensors a quantized kernel
+        replaces); None (default): `reference(inputs)`."""
+        return None
+
     def baseline_kernels(self) -> dict[str, str]:
         """Baseline kernels of the family (name -> template under templates/), built once and timed beside each
         candidate with `launch`."""

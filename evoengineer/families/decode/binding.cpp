@@ -118,8 +118,11 @@ struct DecodeCubin {
     paged = m.trait("paged") != 0;
     fp8 = m.trait("fp8") != 0;
     bf16 = m.trait("bf16") != 0;
+    // the optional members start where the head's last member ends, which may be inside sizeof(DecodeParamsHead):
+    // its trailing padding (an int after box_shift sits there)
+    const int64_t head_end = static_cast<int64_t>(offsetof(DecodeParamsHead, box_shift) + sizeof(int));
     const auto inside = [&](int64_t off, size_t bytes) {
-      return off >= static_cast<int64_t>(sizeof(DecodeParamsHead)) &&
+      return off >= head_end &&
              off + static_cast<int64_t>(bytes) <= params_bytes;
     };
     if ((combine_cluster && !inside(off_cluster, sizeof(int))) ||

@@ -292,7 +292,6 @@ class DecodeTask(AttentionTask):
     function = "decode_attention"
     binding_file = "binding.cpp"
     device_only = True  # CUDA candidates: a cubin each, launched by the binding (DecodeCubin)
-    device_only_default = False  # opt-in (EVOENGINEER_DEVICE_ONLY=1) until its launcher has run on a GPU
     op_module, op_class, op_files = "op.py", "DecodeOp", ("../sdpa/attention_reference.py",)
     templates = ("cuda/decode.cu.j2",)
 

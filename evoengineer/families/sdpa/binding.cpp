@@ -99,7 +99,9 @@ struct SdpaCubin {
       launch_slots = m.trait("launch_slots");
       graph_slots = m.trait("graph_slots");
       const auto inside = [&](int64_t off, size_t n) {
-        return off >= static_cast<int64_t>(sizeof(SdpaHopperParamsHead)) && off + static_cast<int64_t>(n) <= params_bytes;
+        // from the end of the head's last member (sizeof may add trailing padding a later member can occupy)
+        return off >= static_cast<int64_t>(offsetof(SdpaHopperParamsHead, num_tiles) + sizeof(int)) &&
+               off + static_cast<int64_t>(n) <= params_bytes;
       };
       if (params_bytes > kParamsCapacity || !inside(off_scale_log2, sizeof(float)) ||
           (dynamic && !inside(off_sched, sizeof(void*))) || cluster < 1)
