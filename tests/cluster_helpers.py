@@ -17,10 +17,17 @@ class AuditedReplay(ReplayEvaluator):
     mid-measurement: it writes `HASH PID` to `hold` and waits there until its process is killed (a test's event
     to kill it at, not a moment guessed from timings)."""
 
-    def __init__(self, landscape, space, *, delay_s: float, audit: str, poison=(), hold=None, hold_after: int = 0):
+    def __init__(self, landscape, space, *, delay_s: float, audit: str, poison=(), hold=None, hold_after: int = 0,
+                 prepared=None):
         super().__init__(landscape, space, check=False, delay_s=delay_s)
         self.audit, self.poison = audit, set(poison)
         self.hold, self.hold_after = hold, hold_after
+        self.prepared = prepared  # a file: `start PID` per start() (the cluster's prepare task on this worker)
+
+    def start(self):
+        if self.prepared:
+            with open(self.prepared, "a") as f:
+                f.write(f"start {os.getpid()}\n")
 
     def _held_here(self, candidate) -> bool:
         """Whether this is the candidate to hold (exactly one, across all workers: an exclusive claim file)."""
@@ -56,7 +63,7 @@ def audited_replay(space, inner, extras, *, build_jobs):
     """ClusterEvaluator factory: an AuditedReplay of the run's landscape."""
     return AuditedReplay(inner["landscape"], space, delay_s=float(extras.get("delay_s", 0.0)),
                          audit=extras["audit"], poison=extras.get("poison", ()), hold=extras.get("hold"),
-                         hold_after=int(extras.get("hold_after", 0)))
+                         hold_after=int(extras.get("hold_after", 0)), prepared=extras.get("prepared"))
 
 
 def read_audit(path) -> list[tuple[str, str, int]]:

@@ -288,6 +288,26 @@ def _audited(toy_dir: Path, audit: Path, *, workers: int, delay_s: float, poison
                             extras={"delay_s": delay_s, "audit": str(audit), "poison": sorted(poison), **hold})
 
 
+def test_every_gpu_worker_starts_its_evaluator_before_the_first_candidate(toy_dir: Path, tmp_path: Path):
+    """start(): each GPU worker makes the run's evaluator and starts it (its measuring process, on a GPU host)
+    before any candidate is submitted, not at its first candidate after that candidate's build."""
+    prepared = tmp_path / "prepared"
+    with _audited(toy_dir, tmp_path / "audit", workers=2, delay_s=0.0, prepared=str(prepared)) as ev:
+        ev.start()
+        ev.start()  # once per run
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            lines = prepared.read_text().splitlines() if prepared.exists() else []
+            if len(lines) >= 2:
+                break
+            time.sleep(0.1)
+        pids = {ln.split()[1] for ln in lines}
+        assert len(lines) == 2 and len(pids) == 2, lines  # one per worker process
+        assert not (tmp_path / "audit").exists()  # no candidate ran
+        pid_of = {str(p) for p in ev.client.run(os.getpid).values()}
+        assert pids == pid_of
+
+
 def _stored_hashes(db: Path) -> set[str]:
     """The hashes a search writing `db` has recorded so far (read-only, beside it)."""
     import sqlite3

@@ -393,3 +393,45 @@ def test_a_real_re_timing_follows_its_plan_and_stops_at_its_budget(tmp_path: Pat
         assert len(rt.baseline_p50_us) == 2  # its last planned round not reached: timed once more, for the noise
     finally:
         ev.close()
+
+
+def test_with_a_device_to_spare_the_sanitizer_checks_the_finalists_while_they_are_retimed(toy_dir: Path):
+    """An evaluator with a second device (a cluster of several GPU workers) certifies every finalist while the
+    re-timing runs (the re-timing waits until the sanitizer has started: they overlap, by events, not timings); its
+    verdicts are stored, a faulty finalist becomes sanitizer_error and no elite is certified twice."""
+    import threading
+
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.evaluators.replay import ReplayEvaluator
+
+    class TwoDevices(ReplayEvaluator):
+        started = threading.Event()
+        asked: list[list[str]] = []
+        faulty = ""
+
+        def sanitizes_beside_retiming(self):
+            return True
+
+        def sanitize(self, candidates):
+            self.asked.append([c.hash for c in candidates])
+            self.started.set()
+            return {c.hash: {"status": "failed" if c.hash == self.faulty else "clean", "reason": "planted",
+                             "tools": ["memcheck"]} for c in candidates}
+
+        def retime(self, candidates, *, session, **kw):
+            assert self.started.wait(30), "the sanitizer did not run beside the re-timing"
+            return super().retime(candidates, session=session, **kw)
+
+    space = load_space(toy_dir / "toy_space.toml")
+    ev = TwoDevices(toy_dir / "landscape.csv", space)
+    f = CandidateFactory(space)
+    by_time = [f.from_genome(g).hash for _, g in
+               sorted((ev.landscape.lookup(space.genome_to_params(g)).time_us, g) for g in space.valid_genomes())]
+    ev.faulty = by_time[0]
+    runner, store, rid, doc = _run(toy_dir, ev)
+    assert set(ev.asked[0]) == set(by_time[:6])  # every finalist, at once, beside the re-timing
+    assert all(ev.faulty not in a for a in ev.asked[1:])  # nothing asked twice
+    hashes = [e["hash"] for e in doc["elites"]]
+    assert len(hashes) == 3 and ev.faulty not in hashes
+    assert store.find_candidate(rid, ev.faulty).status == "sanitizer_error"
+    assert all(store.find_candidate(rid, h).metrics["sanitizer"]["status"] == "clean" for h in hashes)

@@ -229,6 +229,12 @@ class Builder(QueuedBuilds):
 
         self._executor().submit(steps.safe, steps.build_binding, job).add_done_callback(done)
 
+    def start(self) -> None:
+        """Start the compiler processes and the family binding's build now (not at the first submit)."""
+        with self._lock:
+            self._executor()
+            self._start_binding()
+
     def _gate_job(self) -> dict[str, Any] | None:
         if self.space.backend != "cuda":
             return None

@@ -80,6 +80,10 @@ class Evaluator(ABC):
         """The run is about to ask for measurements: start what takes long to get ready (a measuring worker, a
         family binding) so that it is ready by the first build. Default: nothing."""
 
+    def start_builds(self) -> None:
+        """An evaluator that only builds (a cluster's build worker): start its compilers and the family binding
+        now, before the first build is asked for. Default: nothing."""
+
     # ---- asynchronous use: the search keeps `concurrency()` candidates in flight ------------------------------------
     def concurrency(self) -> int:
         """How many candidates the search should keep in flight so that every build slot and every measuring device
@@ -162,6 +166,11 @@ class Evaluator(ABC):
         {"status": "clean" | "failed" | "unknown", "reason", "tools", ...}. Empty when this evaluator has no checker
         (the elites are published uncertified)."""
         return {}
+
+    def sanitizes_beside_retiming(self) -> bool:
+        """Whether `sanitize` may run while `retime` does (on another device: the re-timing's device stays quiet).
+        Default: no."""
+        return False
 
     def retime(self, candidates: Sequence[Candidate], *, session: str,
                plan: dict[str, Any] | None = None) -> "Retiming | None":

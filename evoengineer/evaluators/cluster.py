@@ -335,6 +335,23 @@ def _worker_evaluator(spec: dict[str, Any], role: str) -> Evaluator:
         return ev
 
 
+def prepare_task(spec: dict[str, Any], role: str) -> str:
+    """Task on each worker at the run's start: make this run's evaluator and start what takes long beside the first
+    builds (a GPU worker: its measuring process, the family binding and the baselines; a build worker: its compiler
+    pool and the binding). Without it a GPU worker began all that at its first candidate, after that candidate's
+    build (on 2 x H200 the first measurement came 19 s after the first build). "" or why it failed (the candidates'
+    own tasks meet that failure again and report it)."""
+    try:
+        ev = _worker_evaluator(spec, role)
+        if role == "measure":
+            ev.start()
+        else:
+            ev.start_builds()
+        return ""
+    except Exception as exc:  # noqa: BLE001 - the first measurement reports it, with its candidate
+        return f"{type(exc).__name__}: {_one_line(exc)}"
+
+
 def build_task(spec: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
     """Task on a build worker: compile into this host's build cache; the build summary (or None: nothing to do)."""
     ev = _worker_evaluator(spec, "build")
@@ -416,6 +433,7 @@ class ClusterEvaluator(Evaluator):
         self._cluster = None
         self._t_created = time.monotonic()
         self._start_marks: dict[str, float] = {}  # start_timeline()
+        self._prepared: list[Any] | None = None  # start(): the workers' prepare tasks
         self._init_flight()
         extras = dict(extras or {})
         if address == "local":
@@ -497,6 +515,31 @@ class ClusterEvaluator(Evaluator):
         return n
 
     # ---- the evaluator interface --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Each worker of the cluster now makes this run's evaluator and starts its slow parts (`prepare_task`), so
+        a GPU worker is ready when the first build is. Fire and forget: a worker that leaves meanwhile drops it."""
+        if self._prepared is not None:
+            return
+        self._prepared = []
+        try:
+            workers = self._workers()
+        except ClusterLost:
+            return
+        for address, info in workers.items():
+            res = info.get("resources", {})
+            if res.get(GPU):
+                role, resources = "measure", {GPU: 1}
+            elif self.builds and res.get(BUILD):
+                role, resources = "build", {BUILD: 1}
+            else:
+                continue
+            try:
+                self._prepared.append(self.client.submit(prepare_task, self.spec, role, workers=[address],
+                                                         allow_other_workers=False, resources=resources,
+                                                         pure=False))
+            except Exception:  # a lost scheduler: the first submit says so
+                return
+
     def describe(self) -> dict[str, Any]:
         # no worker count: the results do not depend on it (elite.json is the same for 1 or 8 workers)
         return {"kind": self.kind, "cluster": self.address, "inner": self.inner}
@@ -526,6 +569,13 @@ class ClusterEvaluator(Evaluator):
         except KilledWorker as exc:
             return Retiming(samples={}, notes={"failed": f"runtime_error: {ALLOWED_FAILURES + 1} cluster workers "
                                                          f"died re-timing the finalists (last {_worker_of(exc)})"})
+
+    def sanitizes_beside_retiming(self) -> bool:
+        # the re-timing holds one GPU worker (GPU resource 1), the sanitizer takes another
+        try:
+            return self.gpu_workers() >= 2
+        except ClusterLost:
+            return False
 
     def sanitize(self, candidates: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
         """The elites certified on a GPU worker (its host's compute-sanitizer, its build cache)."""
@@ -750,6 +800,11 @@ class ClusterEvaluator(Evaluator):
     def close(self) -> None:
         self._closed = True
         self.cancel()
+        if self._prepared:
+            try:
+                self.client.cancel(self._prepared)
+            except Exception:
+                pass
         self._wake.set()
         # a local cluster's worker processes and all they started (builders, measuring workers, compilers) end
         # with the search: whatever its close leaves running is killed (it would hold the exit: Dask's own

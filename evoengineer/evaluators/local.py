@@ -458,6 +458,9 @@ class LocalEvaluator(BuildAheadEvaluator):
     def start(self) -> None:
         self.before_batch()
 
+    def start_builds(self) -> None:
+        self.builder.start()
+
     def before_batch(self) -> None:
         if self.space.backend != "cpu":
             self._start_early()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from evoengineer.store import CandidateRecord, RunInfo, Store
 from evoengineer import elite_json
@@ -164,16 +165,9 @@ class Runner:
         re-timing is stored with it (metrics["retime"]); one that fails on the fresh inputs is marked so and drops
         out. A re-timing already stored for the same finalists (a resumed run) is used as it is. Without re-timing
         (turned off, evaluator cannot, or it failed) the proposed order stands."""
-        k = len(proposed)
-        factor = int(evaluation_settings(self.space)["retime_finalists"])
-        if k == 0 or factor <= 0:
+        pool = self._finalists(proposed)
+        if not pool:
             return list(proposed)
-        # every candidate that was timed once counts, whatever later checks said of it: the finalists of a
-        # resumed run are the same as before, and so is its stored re-timing
-        timed = sorted((r for r in self.records.values() if _first_time(r) is not None),
-                       key=lambda r: (_first_time(r), r.hash))
-        pool = [h for h in proposed if h in self.records and _first_time(self.records[h]) is not None]
-        pool += [r.hash for r in timed if r.hash not in pool][:max(0, factor * k - len(pool))]
         recs = [self.records[h] for h in pool]
         session = hashlib.sha256(json.dumps(pool).encode()).hexdigest()[:16]
         stored = [r.metrics.get("retime") for r in recs]
@@ -189,6 +183,50 @@ class Runner:
         ranked = sorted((r for r in recs if r.status == "ok" and "p50_us" in r.metrics["retime"]),
                         key=lambda r: (r.metrics["retime"]["p50_us"], r.hash))
         return [r.hash for r in ranked]
+
+    def _finalists(self, proposed: Sequence[str]) -> list[str]:
+        """The hashes `retimed` re-times: the proposed elites, then the next fastest timed candidates,
+        `retime_finalists` x K in all (empty: no re-timing)."""
+        k = len(proposed)
+        factor = int(evaluation_settings(self.space)["retime_finalists"])
+        if k == 0 or factor <= 0:
+            return []
+        # every candidate that was timed once counts, whatever later checks said of it: the finalists of a
+        # resumed run are the same as before, and so is its stored re-timing
+        timed = sorted((r for r in self.records.values() if _first_time(r) is not None),
+                       key=lambda r: (_first_time(r), r.hash))
+        pool = [h for h in proposed if h in self.records and _first_time(self.records[h]) is not None]
+        return pool + [r.hash for r in timed if r.hash not in pool][:max(0, factor * k - len(pool))]
+
+    def _sanitize_beside_retiming(self, proposed: Sequence[str]) -> "Callable[[], None] | None":
+        """Where the evaluator has a device to spare (`Evaluator.sanitizes_beside_retiming`: a cluster with several
+        GPU workers), the sanitizer checks every finalist and the timed shapes' winners on one device while the
+        re-timing runs on another, so certifying the elites adds no wait after it. Returns the call that waits for
+        those verdicts and stores them (on this thread: the re-timing stores too), or None."""
+        if not self.evaluator.sanitizes_beside_retiming():
+            return None
+        recs = [self.records[h] for h in self._finalists(proposed) or proposed if h in self.records]
+        todo = list({r.hash: r for r in [*recs, *self._uncertified_shape_winners()]
+                     if r.status == "ok" and not _has_verdict(r)}.values())
+        if not todo:
+            return None
+        cands = [self.factory.make(r.params) for r in todo]
+        verdicts: dict[str, dict[str, Any]] = {}
+
+        def work() -> None:
+            try:
+                verdicts.update(self.evaluator.sanitize(cands))
+            except Exception:  # noqa: BLE001 - certified() asks again for any finalist left without a verdict
+                pass
+
+        thread = threading.Thread(target=work, name="evo-sanitize-early", daemon=True)
+        thread.start()
+
+        def finish() -> None:
+            thread.join()
+            self._store_verdicts([r for r in todo if r.status == "ok"], verdicts)  # not one the re-timing dropped
+
+        return finish
 
     def retime_plan(self, recs: Sequence[CandidateRecord]) -> dict[str, Any]:
         """How the finalists `recs` are re-timed (retiming.plan_retiming): calls sized from each one's search timing,
@@ -272,7 +310,9 @@ class Runner:
         `sanitizer_error`)."""
         if not recs:
             return
-        verdicts = self.evaluator.sanitize([self.factory.make(r.params) for r in recs])
+        self._store_verdicts(recs, self.evaluator.sanitize([self.factory.make(r.params) for r in recs]))
+
+    def _store_verdicts(self, recs: Sequence[CandidateRecord], verdicts: dict[str, dict[str, Any]]) -> None:
         for rec in recs:
             verdict = verdicts.get(rec.hash)
             if verdict is None:
@@ -289,8 +329,11 @@ class Runner:
         elites are certified first (`certified`)."""
         if finished:
             t0 = time.perf_counter()
+            early = self._sanitize_beside_retiming(elite_hashes)
             retimed = self.retimed(elite_hashes)
             t1 = time.perf_counter()
+            if early is not None:
+                early()
             elite_hashes = self.certified(retimed, want=len(elite_hashes))
             self.certify_shape_winners()
             self.finish_s = {"retime": t1 - t0,
