@@ -156,6 +156,9 @@ def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, 
     evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,
                                      cache_dir=cache_dir, cluster=cluster)
     try:
+        # the measuring worker, the family binding and the baselines start now, beside the fingerprint (a device
+        # query, nvidia-smi) and the store's set-up, not after them
+        evaluator.start()
         if isinstance(evaluator, ClusterEvaluator) and settings.get("population") is None \
                 and "population" not in space.search:
             _size_for_cluster(s, space, evaluator.slots, quiet)
