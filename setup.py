@@ -1,5 +1,5 @@
 """Build hook: the shipped templates/ and search_spaces/ (top-level folders of the repository) travel inside the
-wheel as package data, at evoengineer/data/ (found there by evoengineer._data_dir). Everything else is in
+wheel as package data, at evoengineer/data/ (found there by evoengineer.paths._data_dir). Everything else is in
 pyproject.toml."""
 
 import shutil

@@ -1,23 +1,9 @@
 """EvoEngineer: evolutionary search over Jinja2 kernel templates."""
 
-from pathlib import Path
+from evoengineer.paths import ROOT, SPACES_DIR, TEMPLATES_DIR
 
 __version__ = "0.1.0"
-
-_HERE = Path(__file__).resolve().parent
-
-
-def _data_dir(name: str) -> Path:
-    """A shipped data folder: inside the package in an installed wheel (evoengineer/data/NAME, copied there at build
-    time), else the checkout's top-level NAME/ (editable install, or the repository on PYTHONPATH)."""
-    packaged = _HERE / "data" / name
-    return packaged if packaged.is_dir() else _HERE.parent / name
-
-
-#: Folder that holds the `evoengineer` package (put on PYTHONPATH of the worker processes).
-ROOT = _HERE.parent
-TEMPLATES_DIR = _data_dir("templates")
-SPACES_DIR = _data_dir("search_spaces")
+__all__ = ["ROOT", "SPACES_DIR", "TEMPLATES_DIR", "load", "tune", "__version__"]
 
 
 def load(elite_json, rank: int = 1, **options):

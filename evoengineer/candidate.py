@@ -15,7 +15,7 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from evoengineer import TEMPLATES_DIR
+from evoengineer.paths import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.spec import SearchSpace, canonical_text
 

@@ -49,7 +49,7 @@ def check_space(space: SearchSpace, *, genomes: int = 3, seed: int = 0, cache_di
     from evoengineer.compiler.builder import Builder, default_cache_dir, usable_cpus
     from evoengineer.compiler.steps import compile_checked, safe
     from evoengineer.evaluators.local import device_only_builds
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     if space.variant_axes:  # each signature variant in turn
         codes = []

@@ -18,7 +18,7 @@ CPU_DEFAULT_SPACE = "cpu_msda"
 
 def default_space() -> Path:
     """The CUDA MSDA space when a GPU is present (and shipped), else the CPU MSDA space."""
-    from evoengineer import SPACES_DIR
+    from evoengineer.paths import SPACES_DIR
 
     try:
         import torch

@@ -103,10 +103,10 @@ def shape_specs(space: Any) -> dict[str, dict[str, Any]]:
     table less name/checks/time/fresh if the task cannot be made here."""
     from dataclasses import asdict, is_dataclass
 
-    from evoengineer.tasks.settings import GENERIC_SHAPE_KEYS
+    from evoengineer.settings import GENERIC_SHAPE_KEYS
 
     try:
-        from evoengineer.tasks.base import get_task  # imports torch: only asked for when there are per-shape bests
+        from evoengineer.families import get_task  # imports torch: only asked for when there are per-shape bests
 
         parsed = {e.name: e.shape for e in get_task(space).entries if e.time}
     except (ImportError, UserError):
@@ -155,7 +155,7 @@ def build_record(space: Any, run: Any) -> dict[str, Any]:
     hash, and the toolchain."""
     try:
         family = space_family(space)
-        from evoengineer.export import family_source_sha256
+        from evoengineer.families import family_source_sha256
 
         named: dict[str, Any] = {"task": family.name, "family": {"name": family.name, "version": str(family.version),
                                                                 "source_sha256": family_source_sha256(family)}}

@@ -29,7 +29,7 @@ def family_of(build: dict[str, Any], family: str | None = None, where: str = "el
     relative to the working folder, else to the elite file's folder), which must be that family of that version.
     A family that is not shipped must also be the source the search ran (`source_sha256`), unless
     `accept_family_change`."""
-    from evoengineer.families import check_version, family_class, find_family
+    from evoengineer.families import check_version, family_class, family_source_file, family_source_sha256, find_family
 
     rec = build.get("family") if isinstance(build.get("family"), dict) else {}
     name, version = rec.get("name", build.get("task")), rec.get("version")
@@ -57,20 +57,6 @@ def family_of(build: dict[str, Any], family: str | None = None, where: str = "el
                             "recorded): bump the family's version when its contract changes, or accept it "
                             "(--accept-family-change, accept_family_change=True)")
     return cls
-
-
-def family_source_file(cls: type) -> Path:
-    import inspect
-
-    return Path(inspect.getfile(cls)).resolve()
-
-
-def family_source_sha256(cls: type) -> str:
-    """The sha256 of the file that defines the family class (what elite.json records beside name and version)."""
-    try:
-        return sha256_text(family_source_file(cls).read_text())
-    except (OSError, TypeError, UnicodeDecodeError):
-        return ""
 
 
 def is_shipped(cls: type) -> bool:

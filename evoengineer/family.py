@@ -39,10 +39,11 @@ from typing import Any, Callable, Iterator, Mapping, Union
 
 import torch
 
+from evoengineer.compiler.binding_source import BindingSource
 from evoengineer.errors import UserError
 from evoengineer.ops.runtime import DTYPES, dim_value, resolve_sizes
 from evoengineer.space.spec import SearchSpace
-from evoengineer.tasks.settings import GENERIC_SHAPE_KEYS, evaluation_settings
+from evoengineer.settings import GENERIC_SHAPE_KEYS, evaluation_settings
 
 __all__ = ["Family", "Signature", "Tensor", "Scalar", "Shape", "ShapeEntry", "BindingSource", "TOLERANCES",
            "check_shape_keys", "Inputs"]
@@ -221,15 +222,6 @@ def _factors(d: Union[int, str]) -> list[Union[int, str]]:
     if isinstance(d, int):
         return [d]
     return [int(f) if f.strip().isdigit() else f.strip() for f in str(d).split("*")]
-
-
-@dataclass(frozen=True)
-class BindingSource:
-    """The C++ source of a family's binding: a file of the family's own, or generated from its signature."""
-
-    name: str
-    text: str
-    origin: str
 
 
 # ---- shapes ----------------------------------------------------------------------------------------------------------
@@ -548,7 +540,7 @@ class Family(ABC):
     @classmethod
     def template_paths(cls) -> list[Path]:
         """The declared `templates`, found beside the family's module first, then among the shipped templates."""
-        from evoengineer import TEMPLATES_DIR
+        from evoengineer.paths import TEMPLATES_DIR
 
         here = Path(inspect.getfile(cls)).resolve().parent
         return [(here / t) if (here / t).is_file() else (TEMPLATES_DIR / t) for t in cls.templates]

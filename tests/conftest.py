@@ -80,7 +80,7 @@ def build_result(space, params, cache_dir: Path, jobs: int | None = None):
     Builder; the build must succeed."""
     from evoengineer.candidate import CandidateFactory
     from evoengineer.compiler.builder import Builder
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     task = get_task(space)
     factory = CandidateFactory(space)

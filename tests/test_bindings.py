@@ -12,7 +12,7 @@ import torch
 from conftest import build_candidate
 from evoengineer import SPACES_DIR
 from evoengineer.space import load_space
-from evoengineer.tasks.msda import MSDAShape, reference
+from evoengineer.families.msda.task import MSDAShape, reference
 
 
 @pytest.fixture(scope="module")

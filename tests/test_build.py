@@ -10,7 +10,7 @@ from evoengineer.compiler.builder import Builder
 from evoengineer.candidate import CandidateFactory
 from evoengineer.cli import main
 from evoengineer.space import load_space
-from evoengineer.tasks.base import get_task
+from evoengineer.families import get_task
 
 
 def test_binding_once_and_candidate_cache(faults_dir: Path, build_cache: Path):

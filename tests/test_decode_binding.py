@@ -57,7 +57,7 @@ def test_other_signatures(tmp_path: Path, build_cache: Path, sig: str):
 
 
 def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.tasks.decode import DecodeShape, reference
+    from evoengineer.families.decode.task import DecodeShape, reference
 
     task, mod = build_candidate(_space(tmp_path), {"SPLIT_KEYS": 64, "FAULT": "none"}, build_cache, jobs=1)
     assert mod.signature == {"HEAD_DIM": "64", "Q_DTYPE": "float16", "KV_DTYPE": "float16"}
@@ -132,7 +132,7 @@ def test_paged_fp8_signature(tmp_path: Path, build_cache: Path):
 
 
 def test_paged_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.tasks.decode import DecodeShape, reference
+    from evoengineer.families.decode.task import DecodeShape, reference
 
     task, mod = build_candidate(_paged_space(tmp_path), {"SPLIT_KEYS": 64, "FAULT": "none"}, build_cache, jobs=1)
     assert mod.signature["KV_LAYOUT"] == "paged"
@@ -177,7 +177,7 @@ def test_paged_op_exported(tmp_path: Path, build_cache: Path):
     torch.compile, refusals naming the argument, the reference fallback and gradients through the gathered caches."""
     import evoengineer
     from evoengineer.cli import main
-    from evoengineer.tasks.decode import DecodeShape, gather_pages, make_inputs, reference
+    from evoengineer.families.decode.task import DecodeShape, gather_pages, make_inputs, reference
 
     (tmp_path / "s").mkdir()
     _paged_space(tmp_path / "s")

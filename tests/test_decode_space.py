@@ -14,7 +14,7 @@ import pytest
 from evoengineer import SPACES_DIR
 from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
-from evoengineer.tasks.base import get_task
+from evoengineer.families import get_task
 
 SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90

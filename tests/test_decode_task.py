@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evoengineer.tasks.decode import (DecodeShape, flops, gather_pages, make_inputs, min_bytes, reference,
+from evoengineer.families.decode.task import (DecodeShape, flops, gather_pages, make_inputs, min_bytes, reference,
                                       sdpa_baseline, shared_prefix_pages)
 
 
@@ -139,7 +139,7 @@ def test_paged_inputs_without_shared_prefixes():
 def test_paged_fp8_gate_reads_the_contiguous_unquantized_caches():
     from evoengineer.space import load_space
     from evoengineer import SPACES_DIR
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     task = get_task(load_space(SPACES_DIR / "decode_fp8kv_d128_paged.toml"))
     x = make_inputs(DecodeShape("p", B=2, Hq=4, Hkv=2, Sk=100, seq_lens=(100, 60), page_size=16), 1, head_dim=128,
@@ -156,7 +156,7 @@ def test_the_fp8_baseline_is_held_to_attention_on_the_unquantized_cache(space):
     reference on the dequantized cache, which a length-1 sequence (its output is its e4m3-rounded value row) misses."""
     from evoengineer import SPACES_DIR
     from evoengineer.space import load_space
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     task = get_task(load_space(SPACES_DIR / f"{space}.toml"))
     paged = "paged" in space

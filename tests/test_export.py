@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from evoengineer import SPACES_DIR
 from evoengineer.cli import main
-from evoengineer.tasks.msda import INPUT_KEYS, MSDAShape, make_inputs, reference
+from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape, make_inputs, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -262,7 +262,7 @@ def test_gradients_through_the_reference_backward(msda_package):
     # the backward formula itself in float64 passes gradcheck (through the fallback path, which uses the op's
     # registered autograd only for inputs the kernel takes: float64 goes to the reference; so check the op's
     # backward against gradcheck's numerical Jacobian directly)
-    from evoengineer.ops.msda_reference import msda_reference, msda_reference_backward
+    from evoengineer.families.msda.reference import msda_reference, msda_reference_backward
 
     def f(v, loc, attn):
         return msda_reference(v, a[1], a[2], loc, attn, dtype=torch.float64)
@@ -407,7 +407,7 @@ def _decode_want(q, k, v, lens):
 
 
 def test_exported_decode(decode_elite, tmp_path):
-    from evoengineer.tasks.decode import DecodeShape, make_inputs
+    from evoengineer.families.decode.task import DecodeShape, make_inputs
 
     mod = _export_and_import(decode_elite, tmp_path / "pkg")
     decode = mod.decode_attention
@@ -501,7 +501,7 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path, build_cache_session):
     run("-m", "evoengineer", "search", "--budget", "4", "--population", "4", "--quiet")
     assert (work / "elite_store" / "evoengineer.db").is_file() and (work / "elite.json").is_file()
     run("-m", "evoengineer", "export", "elite.json", "--out", "op_pkg")
-    probe = ("import evoengineer, torch; from evoengineer.tasks.msda import MSDAShape, make_inputs, reference, "
+    probe = ("import evoengineer, torch; from evoengineer.families.msda.task import MSDAShape, make_inputs, reference, "
              "INPUT_KEYS; f = evoengineer.load('elite.json'); "
              "i = make_inputs(MSDAShape('x', N=1, Lq=9, M=2, D=32, P=4, levels=((5, 4), (3, 2), (2, 1), (1, 1))), 0); "
              "print(float((f(*[i[k] for k in INPUT_KEYS]).double() - reference(i, dtype=torch.float64)).abs().max()))")

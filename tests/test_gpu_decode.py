@@ -125,7 +125,7 @@ def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Pat
 def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     """Split-KV partials and the in-kernel combine's counters live in a per-call workspace: the answer is right
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
-    from evoengineer.tasks.decode import DecodeShape
+    from evoengineer.families.decode.task import DecodeShape
 
     space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 4, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 1,
@@ -146,7 +146,7 @@ def test_cluster_combine_where_the_clusters_fit(name: str, build_cache: Path):
     CUDA graphs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from evoengineer.tasks.decode import DecodeShape
+    from evoengineer.families.decode.task import DecodeShape
 
     space = load_space(SPACES_DIR / f"{name}.toml")
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
@@ -202,7 +202,7 @@ def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
     """The FP8 elite recorded in experiments/decode/results, loaded as a custom op (built from its recorded source):
     right on a ragged GQA batch, under torch.compile(fullgraph=True) and inside a CUDA graph."""
     import evoengineer
-    from evoengineer.tasks.decode import DecodeShape, make_inputs, reference
+    from evoengineer.families.decode.task import DecodeShape, make_inputs, reference
 
     elite = Path(__file__).resolve().parents[1] / "experiments" / "decode" / "results" / "elite_decode_fp8kv_d128.json"
     decode = evoengineer.load(elite, build_root=tmp_path)
@@ -239,7 +239,7 @@ def test_paged_kernel_gives_the_contiguous_kernels_bits(name: str, load_path: st
     exactly what its contiguous twin returns on the same caches laid out contiguously, and the float64 reference's
     answer; the split workspace survives call after call and CUDA-graph replays. tma: boxes of one page's rows (pages
     below 8 rows put boxes at 128-byte, not 1024-byte, offsets of the swizzled slot; a page of 128 holds 4 slices)."""
-    from evoengineer.tasks.decode import DecodeShape, gather_pages
+    from evoengineer.families.decode.task import DecodeShape, gather_pages
 
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 3, "LOAD_PATH": load_path, "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": "in_kernel", "FAST_EXP": True, "MIN_BLOCKS": 1}
@@ -270,7 +270,7 @@ def _assert_same_bits(task, module, twin, seed: int):
     """`module` and `twin` return the same bits, right ones (finite, within tolerance of the reference), on ragged
     lengths 1 / Sk / mid-tile with NaN past them, Sk not a multiple of a slice, one head with many splits and short
     sequences; then `module` is right call after call and from CUDA-graph replays."""
-    from evoengineer.tasks.decode import DecodeShape
+    from evoengineer.families.decode.task import DecodeShape
 
     shapes = [DecodeShape("ragged", B=3, Hq=16, Hkv=2, Sq=3, Sk=1037, seq_lens=(1, 1037, 517)),
               DecodeShape("one_head_long", B=1, Hq=4, Hkv=1, Sk=20011),

@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.cli import main  # noqa: E402
-from evoengineer.tasks.msda import INPUT_KEYS, MSDAShape, make_inputs, reference  # noqa: E402
+from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape, make_inputs, reference  # noqa: E402
 
 MSDA_SHAPES = '''
 [[shapes]]

@@ -127,8 +127,8 @@ def test_head_major_value_gives_the_same_output(build_cache: Path):
     genome that reads [N, S, M, D] refuses head-major value with a clear error."""
     from evoengineer.compiler.steps import load_module
     from evoengineer.compiler.builder import Builder
-    from evoengineer.tasks.base import get_task
-    from evoengineer.tasks.msda import INPUT_KEYS, MSDAShape
+    from evoengineer.families import get_task
+    from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape
 
     space = load_space(SPACES_DIR / "cuda_msda_fp16.toml")
     task = get_task(space)

@@ -77,8 +77,8 @@ def test_persistent_cta_kernel_is_right_call_after_call(space_name: str, build_c
     row, after a call on another shape (another grid), and from two replays of a CUDA graph."""
     from evoengineer.compiler.builder import Builder
     from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
-    from evoengineer.tasks.sdpa import SDPAShape
+    from evoengineer.families import get_task
+    from evoengineer.families.sdpa.task import SDPAShape
 
     space = load_space(SPACES_DIR / f"{space_name}.toml")
     task = get_task(space)

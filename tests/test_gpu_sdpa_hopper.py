@@ -87,7 +87,7 @@ FP8_PERSISTENT = {"fp8_" + k: {**v, "PRODUCER_REGS": 40} for k, v in PERSISTENT_
 def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path):
     """A persistent kernel gives the right answer on every call: twice in a row, after a call on another shape
     (another grid and tile count), and from two replays of a CUDA graph."""
-    from evoengineer.tasks.sdpa import SDPAShape
+    from evoengineer.families.sdpa.task import SDPAShape
 
     fp8 = name.startswith("fp8_")
     space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
@@ -109,7 +109,7 @@ def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build
     every launch's last unit must have zeroed its slot) the answer is still right; launches in flight at once on
     two streams (two slots) each get every tile; and so do replays, at once on two streams, of two graphs captured
     1024 eager launches apart (a rotation of the eager slots: graphs draw slots of their own)."""
-    from evoengineer.tasks.sdpa import SDPAShape
+    from evoengineer.families.sdpa.task import SDPAShape
 
     fp8 = name.startswith("fp8_")
     space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
@@ -224,7 +224,7 @@ def test_fp8_attention_against_fp16_sdpa_and_its_op(out_dtype: str, tmp_path: Pa
     OUT_DTYPE. The exported op takes q_scale / k_scale / v_scale, refuses misuse with one clear error, and matches
     the kernel."""
     import evoengineer
-    from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original
+    from evoengineer.families.sdpa.task import SDPAShape, sdpa_fp16_original
 
     text = (SPACES_DIR / "sdpa_hopper_fp8_d128.toml").read_text().replace('OUT_DTYPE = "float16"',
                                                                          f'OUT_DTYPE = "{out_dtype}"')

@@ -13,7 +13,7 @@ import torch
 from evoengineer.evaluators.integrity import GUARD_BYTES, Guarded, ProtectedInputs, checksum
 from evoengineer.evaluators.worker import Session
 from evoengineer.space import load_space
-from evoengineer.tasks.msda import INPUT_KEYS, reference
+from evoengineer.families.msda.task import INPUT_KEYS, reference
 
 DATA = Path(__file__).parent / "data"
 

@@ -13,7 +13,7 @@ import jinja2
 import pytest
 import torch
 
-from evoengineer.tasks import msda
+from evoengineer.families.msda import task as msda
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "cpu" / "msda.cpp.j2"
 

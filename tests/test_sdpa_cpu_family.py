@@ -70,7 +70,7 @@ def test_fp8_kv_kernel_is_checked_twice(tmp_path: Path, build_cache: Path, bound
 
 
 def test_binding_validates_its_arguments(tmp_path: Path, build_cache: Path):
-    from evoengineer.tasks.sdpa import SDPAShape
+    from evoengineer.families.sdpa.task import SDPAShape
 
     task, mod = build_candidate(_space(tmp_path), {"FAULT": "none"}, build_cache, jobs=1)
     inputs = task.make_inputs(SDPAShape("x", B=2, H=3, Sq=5, Sk=7), 0)

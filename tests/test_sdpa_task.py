@@ -14,8 +14,8 @@ from evoengineer import SPACES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space import load_space
 from evoengineer.space.spec import SearchSpace
-from evoengineer.tasks import sdpa
-from evoengineer.tasks.base import get_task
+from evoengineer.families.sdpa import task as sdpa
+from evoengineer.families import get_task
 
 # the mma.sync family's spaces (the Hopper-native template has tests/test_gpu_sdpa_hopper.py)
 SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_*.toml")

@@ -86,6 +86,7 @@ def test_shape_specs_are_the_parsed_shapes():
 
 
 def _dispatch(tmp_path: Path, task: str, specs: dict[str, dict]) -> "object":
+    from evoengineer.families import op_adapter_for
     from evoengineer.ops.runtime import ShapeDispatch
 
     rows = []
@@ -94,7 +95,7 @@ def _dispatch(tmp_path: Path, task: str, specs: dict[str, dict]) -> "object":
         folder.mkdir(parents=True)
         (folder / "kernel.json").write_text(json.dumps({"build": {"task": task, "signature": {}}}))
         rows.append({"shape": name, "shape_spec": spec, "hash": f"{i:064d}", "p50_us": 1.0, "folder": folder})
-    return ShapeDispatch(rows)
+    return ShapeDispatch(rows, adapter=op_adapter_for)
 
 
 def test_dispatch_picks_the_nearest_shape_of_the_same_kind(tmp_path: Path):

@@ -476,13 +476,13 @@ def test_spaces_lists_shipped_spaces(capsys):
 
 
 def test_spaces_lists_a_folder_of_spaces(tmp_path: Path, monkeypatch, capsys):
-    import evoengineer
+    import evoengineer.paths
     from evoengineer.cli import main
 
     for name in ("toy_space.toml", "toy.cpp.j2"):
         shutil.copy(DATA / name, tmp_path / name)
     (tmp_path / "b.toml").write_text((DATA / "toy_space.toml").read_text().replace('name = "toy"', 'name = "toy_b"'))
-    monkeypatch.setattr(evoengineer, "SPACES_DIR", tmp_path)
+    monkeypatch.setattr(evoengineer.paths, "SPACES_DIR", tmp_path)
     assert main(["spaces"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [l.split()[0] for l in out] == ["space", "toy_b", "toy"]  # by file name

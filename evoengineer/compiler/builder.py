@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evoengineer import TEMPLATES_DIR
+from evoengineer.paths import TEMPLATES_DIR
 from evoengineer.compiler import steps
 from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
 from evoengineer.compiler.toolchain import toolchain, usable_cpus
 from evoengineer.candidate import Candidate
-from evoengineer.family import BindingSource
+from evoengineer.compiler.binding_source import BindingSource
 from evoengineer.space.flags import check_flags
 from evoengineer.space.spec import SearchSpace
 

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from evoengineer import ROOT
+from evoengineer.paths import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.compiler.toolchain import usable_cpus
 from evoengineer.candidate import Candidate
@@ -22,7 +22,7 @@ from evoengineer.evaluators.base import Measurement, state_changed
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming
 from evoengineer.space.spec import SearchSpace
-from evoengineer.tasks.base import get_task
+from evoengineer.families import get_task
 
 
 PINNING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}

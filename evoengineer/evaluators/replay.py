@@ -336,7 +336,7 @@ class ReplayEvaluator(BuildAheadEvaluator):
         """The recorded time again, once per round, in the order a real re-timing would run (round-robin): a
         landscape has one measurement per configuration, so re-timing confirms it and never reorders (a plan's
         calls and budget do not apply: nothing is timed)."""
-        from evoengineer.tasks.settings import evaluation_settings
+        from evoengineer.settings import evaluation_settings
 
         rounds = int(evaluation_settings(self.space)["retime_rounds"])
         samples: dict[str, list[list[float]]] = {}

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from evoengineer import ROOT
+from evoengineer.paths import ROOT
 from evoengineer.compiler.toolchain import usable_cpus
 
 #: compute-sanitizer's exit code when it reported errors (--error-exitcode), and ours for a wrong output.
@@ -148,7 +148,7 @@ def _main(job_path: str) -> int:
     from evoengineer.evaluators import outputs
     from evoengineer.evaluators.integrity import mismatch
     from evoengineer.space.spec import SearchSpace
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     job = json.loads(Path(job_path).read_text())
     space = SearchSpace.from_text(job["space_text"], job["space_path"], check_valid=False)

@@ -91,7 +91,7 @@ class Session:
 
         from evoengineer.evaluators.physics import PhysicsGate
         from evoengineer.space.spec import SearchSpace
-        from evoengineer.tasks.base import get_task
+        from evoengineer.families import get_task
 
         self.torch = torch
         self.space = SearchSpace.from_text(init["space_text"], init["space_path"], check_valid=False)

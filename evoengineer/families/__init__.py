@@ -17,17 +17,14 @@ import importlib
 import importlib.util
 import re
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from evoengineer.errors import UserError
+from evoengineer.registry import ENTRY_POINT_GROUP, SHIPPED, installed, known
 
-ENTRY_POINT_GROUP = "evoengineer.families"
-#: shipped families, imported on first use
-SHIPPED = {"msda": "evoengineer.families.msda.task:MSDATask",
-           "sdpa": "evoengineer.families.sdpa.task:SDPATask",
-           "decode": "evoengineer.families.decode.task:DecodeTask"}
+__all__ = ["ENTRY_POINT_GROUP", "SHIPPED", "installed", "known", "family_class", "find_family", "check_version",
+           "get_task", "op_adapter_for", "family_source_file", "family_source_sha256"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -99,15 +96,6 @@ def _from_file(ref: str, base_dir: Path | None, where: str) -> type:
     return _checked(getattr(module, cls_name), ref, where)
 
 
-def installed() -> dict[str, str]:
-    """Families of installed packages: name -> "module:Class" (entry points of group evoengineer.families)."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def known() -> list[str]:
-    return sorted({*SHIPPED, *installed()})
-
-
 def family_class(ref: str, *, base_dir: Path | None = None, where: str = "task") -> type:
     """The family a space's ``task`` names: a shipped or installed family's name, ``module:Class`` or
     ``family.py:Class`` (inside `base_dir`, the space file's folder)."""
@@ -147,6 +135,21 @@ def get_task(space: Any) -> Any:
     base = space.path.parent if getattr(space, "path", None) is not None else None
     cls = family_class(space.task, base_dir=base, where=f"{space.path or space.name}: task")
     return cls(space)
+
+
+def family_source_file(cls: type) -> Path:
+    """The file that defines a family class."""
+    import inspect
+
+    return Path(inspect.getfile(cls)).resolve()
+
+
+def family_source_sha256(cls: type) -> str:
+    """The sha256 of the file that defines the family class (what elite.json records beside name and version)."""
+    try:
+        return hashlib.sha256(family_source_file(cls).read_text().encode()).hexdigest()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return ""
 
 
 def op_adapter_for(kernel: dict[str, Any]) -> Any:

@@ -680,13 +680,9 @@ class KernelOp:
 
 
 def _adapter_for(kernel: dict[str, Any], adapter: Any) -> OpAdapter:
-    if adapter is None:
-        try:
-            from evoengineer.families import op_adapter_for
-        except ImportError:
-            raise ValueError(f"kernel {kernel.get('hash', '?')[:12]}: no op adapter given and EvoEngineer is not "
-                             "installed to find the family's") from None
-        return op_adapter_for(kernel)
+    if adapter is None:  # the runtime knows no family: its caller names the adapter (export.py writes it)
+        raise ValueError(f"kernel {kernel.get('hash', '?')[:12]}: no op adapter given (evoengineer.families."
+                         "op_adapter_for(kernel) finds the family's)")
     if isinstance(adapter, OpAdapter):
         return copy.copy(adapter)  # bound to one KernelOp each
     return adapter(kernel)

@@ -21,7 +21,7 @@ from evoengineer.candidate import CandidateFactory, candidate_hash
 from evoengineer.evaluators import retiming
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.retiming import Retiming
-from evoengineer.tasks.settings import evaluation_settings
+from evoengineer.settings import evaluation_settings
 from evoengineer.space.spec import SearchSpace
 
 

@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from evoengineer import TEMPLATES_DIR
+from evoengineer.paths import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.expr import Expression, ExprError
 from evoengineer.space.flags import ARCH, check_flags
@@ -322,7 +322,7 @@ def load_space(path: str | Path) -> SearchSpace:
 
 def resolve_space_arg(arg: str) -> Path:
     """A space given on the command line: a path, or the name of a shipped space in search_spaces/."""
-    from evoengineer import SPACES_DIR
+    from evoengineer.paths import SPACES_DIR
 
     p = Path(arg)
     if p.exists() or p.suffix == ".toml" or "/" in arg:
@@ -336,7 +336,7 @@ def resolve_space_arg(arg: str) -> Path:
 
 
 def shipped_spaces() -> list[Path]:
-    from evoengineer import SPACES_DIR
+    from evoengineer.paths import SPACES_DIR
 
     return sorted(SPACES_DIR.glob("*.toml"))
 
@@ -583,17 +583,9 @@ def _with_signature_values(text: str, values: dict[str, Value], where: str) -> s
 def _family_folder(task: Any, path: Path | None) -> Path | None:
     """The folder of the family a space's `task` names (an installed family's templates live there), or None when
     it cannot be found (the search says why when it needs the family)."""
-    if not isinstance(task, str) or not task:
-        return None
-    import inspect
+    from evoengineer.registry import family_folder
 
-    from evoengineer.families import family_class
-
-    try:
-        cls = family_class(task, base_dir=path.parent if path is not None else None)
-        return Path(inspect.getfile(cls)).resolve().parent
-    except (UserError, OSError, TypeError):
-        return None
+    return family_folder(task, path.parent if path is not None else None)
 
 
 def _resolve_template(template: str, path: Path | None, where: str, task: Any = None) -> Path:

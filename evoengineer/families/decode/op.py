@@ -16,7 +16,7 @@ try:  # in an exported package, beside the runtime
     from .attention_reference import _attention_backward
 except ImportError:
     from evoengineer.ops.runtime import _DTYPES, _NAMESPACE, OpAdapter, _dtype_name, call_arg
-    from evoengineer.families.sdpa.attention_reference import _attention_backward
+    from evoengineer.families.attention.attention_reference import _attention_backward
 
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from evoengineer.errors import UserError
-from evoengineer.families.sdpa.task import FP8_MAX, AttentionTask
+from evoengineer.families.attention.common import FP8_MAX, AttentionTask
 from evoengineer.family import check_shape_keys
 # the op adapter's (torch-only, exported with the op): one reading of a block table for the op and the task
 from evoengineer.families.decode.op import gather_pages
@@ -292,7 +292,7 @@ class DecodeTask(AttentionTask):
     function = "decode_attention"
     binding_file = "binding.cpp"
     device_only = True  # CUDA candidates: a cubin each, launched by the binding (DecodeCubin)
-    op_module, op_class, op_files = "op.py", "DecodeOp", ("../sdpa/attention_reference.py",)
+    op_module, op_class, op_files = "op.py", "DecodeOp", ("../attention/attention_reference.py",)
     templates = ("cuda/decode.cu.j2",)
 
     shape_cls = DecodeShape

@@ -16,7 +16,7 @@ except ImportError:
 try:
     from .attention_reference import sdpa_reference_backward
 except ImportError:
-    from evoengineer.families.sdpa.attention_reference import sdpa_reference_backward
+    from evoengineer.families.attention.attention_reference import sdpa_reference_backward
 
 
 

@@ -1,0 +1,1 @@
+"""Code the attention families (sdpa, decode) share; not a family of its own."""
