@@ -13,6 +13,7 @@ from evoengineer.errors import UserError
 from evoengineer.fileio import atomic_open, umask
 from evoengineer.liveness import holder_alive
 from evoengineer.candidate import sha256_text
+from evoengineer.status import Status
 
 SCHEMA = "evoengineer/elite-v1"
 
@@ -89,7 +90,7 @@ def shape_winners(space: Any, records: Iterable[Any]) -> list[tuple[str, Any]] |
     names = timed_shape_names(space)
     if len(names) < 2:
         return None
-    ok = [r for r in records if r.status == "ok"]
+    ok = [r for r in records if r.status == Status.OK]
     out = []
     for name in names:
         timed = [(t, r.hash, r) for r in ok if (t := _shape_p50(r, name)) is not None]
@@ -199,7 +200,7 @@ def search_p50(rec: Any) -> float | None:
     overturned = (isinstance(m.get("retime"), dict) and m["retime"].get("dropped")) or \
         (isinstance(m.get("sanitizer"), dict) and m["sanitizer"].get("status") == "failed")
     t = m.get("time_us")
-    if (rec.status != "ok" and not overturned) or isinstance(t, bool) or not isinstance(t, (int, float)):
+    if (rec.status != Status.OK and not overturned) or isinstance(t, bool) or not isinstance(t, (int, float)):
         return None
     return float(t) if t == t and t > 0 else None
 
@@ -227,7 +228,7 @@ def search_best(records: Iterable[Any], elites: list[Any]) -> dict[str, Any] | N
 
 def _why_not_rank_1(rec: Any, rt: Any, rank: int | None, elites: list[Any]) -> str:
     where = f"rank {rank}" if rank is not None else "not an elite"
-    if rec.status != "ok":
+    if rec.status != Status.OK:
         return f"{rec.status} at the end of the run: {rec.reason}"[:400]
     if isinstance(rt, dict) and "p50_us" in rt:
         ratio, tol = rt.get("ratio"), rt.get("tolerance")

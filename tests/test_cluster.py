@@ -1,4 +1,4 @@
-"""Evaluation on a Dask cluster (evoengineer/evaluators/cluster.py) on CPU: simulated GPU workers (the resource
+"""Evaluation on a Dask cluster (evoengineer/evaluators/cluster/) on CPU: simulated GPU workers (the resource
 GPU=1, no device) replaying the toy landscape give the evaluated set, elites and elite.json of a run without a
 cluster, for 1, 2 and 4 workers and every strategy; a Dask worker killed with -9 mid-candidate loses nothing and
 records nothing twice; a candidate that kills two workers is a poison pill (runtime_error) and the search goes on;

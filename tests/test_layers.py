@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "evoengineer"
 
 #: lowest first; a unit is a top-level module or subpackage of evoengineer (the package root is the facade on top)
 LAYERS = [
-    {"errors", "fileio", "liveness", "fingerprint", "paths", "registry"},
+    {"errors", "fileio", "liveness", "fingerprint", "paths", "registry", "status"},
     {"space", "settings"},
     {"candidate"},
     {"ops"},

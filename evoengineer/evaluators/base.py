@@ -8,19 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from evoengineer.candidate import Candidate
+from evoengineer.status import STATUSES as _STATUSES
+from evoengineer.status import Status
 from evoengineer.evaluators.retiming import Retiming
 
 if TYPE_CHECKING:
     from evoengineer.evaluators.asynchronous import BatchFeeder
 
-OK = "ok"
-STATUSES = ("ok", "compile_error", "gate_failed", "build_error", "link_error", "runtime_error", "timeout", "wrong",
-            "sanitizer_error", "skipped",
-            # the candidate changed the measuring process's or device's state (restored; never an elite)
-            "state_changed",
-            # its time cannot be honest: faster than the device allows, work off the timed stream, a graph or
-            # new-input time far from its eager time
-            "implausible")
+OK = Status.OK.value
+STATUSES = _STATUSES  # evoengineer/status.py says what each means
 
 #: Metric names every evaluator uses where it has the number (times in microseconds).
 METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "max_abs_err", "max_rel_err",
@@ -30,9 +26,9 @@ METRICS = ("time_us", "time_p90_us", "time_p99_us", "baseline_us", "speedup", "m
 def state_changed(status: str, reason: str, why: str) -> tuple[str, str]:
     """The verdict of a candidate found to have changed the measuring process's state: `state_changed` because of
     `why`, keeping what its own verdict said (wrong, implausible); a crash or a hang stands as it is."""
-    if status not in (OK, "wrong", "implausible"):
+    if status not in (Status.OK, Status.WRONG, Status.IMPLAUSIBLE):
         return status, reason
-    return "state_changed", why + (f" (also {status}: {reason})" if status != OK else "")
+    return Status.STATE_CHANGED.value, why + (f" (also {status}: {reason})" if status != OK else "")
 
 
 @dataclass
@@ -46,6 +42,7 @@ class Measurement:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}")
+        self.status = Status(self.status).value  # a plain string (a member given is stored as its value)
 
     @property
     def ok(self) -> bool:

@@ -74,7 +74,7 @@ def evaluator_for_search(space: SearchSpace, *, landscape: str | None = None, se
                          build_jobs: int | None = None, cache_dir: str | None = None,
                          cluster: "ClusterOptions | None" = None) -> Evaluator:
     """A replay evaluator when a landscape is given, else real builds and runs for the space's backend; with
-    `cluster`, that evaluator runs on the workers of a Dask cluster (evaluators/cluster.py)."""
+    `cluster`, that evaluator runs on the workers of a Dask cluster (evaluators/cluster/)."""
     if cluster is not None:
         if landscape is not None:
             with ReplayEvaluator(landscape, space) as ev:  # checked here, before anything starts

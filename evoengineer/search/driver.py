@@ -119,7 +119,7 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
                  build_jobs: int | None = None, cache_dir: str | None = None,
                  cluster: ClusterOptions | None = None, **settings: Any) -> int:
     """Validate everything, create the run, search. Returns the process exit code. With `cluster`, candidates are
-    measured on a Dask cluster's GPU workers (evaluators/cluster.py). A space with signature variants (a list in
+    measured on a Dask cluster's GPU workers (evaluators/cluster/). A space with signature variants (a list in
     [signature]) runs one search per variant (search/variants.py)."""
     space_path = Path(space_path).resolve()  # resume may run from another directory
     space = load_space(space_path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from evoengineer.status import Status
+
 #: the exit code of a search or resume that finished without a correct candidate
 NO_CORRECT_CANDIDATE = 3
 
@@ -25,7 +27,7 @@ def failures_by_status(records: Iterable[Any]) -> dict[str, tuple[int, str]]:
     counts: dict[str, int] = {}
     example: dict[str, tuple[int, str]] = {}
     for r in records:
-        if r.status == "ok":
+        if r.status == Status.OK:
             continue
         counts[r.status] = counts.get(r.status, 0) + 1
         seq = getattr(r, "seq", 0) or 0

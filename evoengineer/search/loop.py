@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from evoengineer.errors import UserError
+from evoengineer.status import Status
 from evoengineer.store import CandidateRecord
 
 if TYPE_CHECKING:
@@ -130,8 +131,9 @@ class SearchLoop:
         try:
             cand = r.factory.from_genome(g)
         except UserError as exc:  # the template fails for this genome only: a failed candidate, not a crash
-            self._arrive(CandidateRecord(hash=h, params=r.space.genome_to_params(g), status="compile_error",
-                                         reason=f"render: {exc}", generation=self._label(h)), g)
+            self._arrive(CandidateRecord(hash=h, params=r.space.genome_to_params(g),
+                                         status=Status.COMPILE_ERROR.value, reason=f"render: {exc}",
+                                         generation=self._label(h)), g)
             return
         self.in_flight[h] = g
         r.evaluator.submit(cand)

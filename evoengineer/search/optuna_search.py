@@ -27,6 +27,7 @@ from evoengineer.store import CandidateRecord
 from evoengineer.errors import UserError
 from evoengineer.search.runner import Runner
 from evoengineer.search.strategy import Genome, Strategy
+from evoengineer.status import Status
 
 SAMPLERS = ("tpe", "cmaes", "gp", "nsga2", "random", "qmc")
 DEFAULT_SAMPLER = "tpe"
@@ -129,7 +130,7 @@ class OptunaSearch(Strategy):
         TrialState = self.optuna.trial.TrialState
         trial.set_user_attr("hash", rec.hash)
         trial.set_user_attr("status", rec.status)
-        if rec.status == "ok" and math.isfinite(rec.time_us):
+        if rec.status == Status.OK and math.isfinite(rec.time_us):
             self.study.tell(trial, rec.time_us)
         else:
             self.study.tell(trial, state=TrialState.FAIL)

@@ -7,6 +7,7 @@ import time
 from typing import Any, TextIO
 
 from evoengineer.elite_json import ranked_metrics
+from evoengineer.status import Status
 from evoengineer.store import CandidateRecord
 
 
@@ -75,7 +76,7 @@ class ProgressPrinter:
         if not self.per_evaluation:
             return
         t = rec.metrics.get("time_us")
-        what = f"{t:.3f} us" if rec.status == "ok" and t is not None else f"{rec.status}: {rec.reason[:100]}"
+        what = f"{t:.3f} us" if rec.status == Status.OK and t is not None else f"{rec.status}: {rec.reason[:100]}"
         self._print(f"  [{runner.evaluations}] {rec.hash[:12]} {what}")
 
     def on_generation(self, runner: Any, generation: int, stats: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.retiming import Retiming
 from evoengineer.settings import evaluation_settings
 from evoengineer.space.spec import SearchSpace
+from evoengineer.status import Status
 
 
 def _has_verdict(rec: CandidateRecord) -> bool:
@@ -138,7 +139,7 @@ class Runner:
 
     def best(self, k: int) -> list[str]:
         """Hashes of the k fastest correct candidates evaluated so far (ties broken by hash)."""
-        ok = sorted((r for r in self.records.values() if r.status == "ok"), key=lambda r: (r.time_us, r.hash))
+        ok = sorted((r for r in self.records.values() if r.status == Status.OK), key=lambda r: (r.time_us, r.hash))
         return [r.hash for r in ok[:k]]
 
     def status_counts(self) -> dict[str, int]:
@@ -180,7 +181,7 @@ class Runner:
                 return list(proposed)
             for rec in recs:
                 self._store_retime(rec, rt, session)
-        ranked = sorted((r for r in recs if r.status == "ok" and "p50_us" in r.metrics["retime"]),
+        ranked = sorted((r for r in recs if r.status == Status.OK and "p50_us" in r.metrics["retime"]),
                         key=lambda r: (r.metrics["retime"]["p50_us"], r.hash))
         return [r.hash for r in ranked]
 
@@ -207,7 +208,7 @@ class Runner:
             return None
         recs = [self.records[h] for h in self._finalists(proposed) or proposed if h in self.records]
         todo = list({r.hash: r for r in [*recs, *self._uncertified_shape_winners()]
-                     if r.status == "ok" and not _has_verdict(r)}.values())
+                     if r.status == Status.OK and not _has_verdict(r)}.values())
         if not todo:
             return None
         cands = [self.factory.make(r.params) for r in todo]
@@ -224,7 +225,7 @@ class Runner:
 
         def finish() -> None:
             thread.join()
-            self._store_verdicts([r for r in todo if r.status == "ok"], verdicts)  # not one the re-timing dropped
+            self._store_verdicts([r for r in todo if r.status == Status.OK], verdicts)  # not one the re-timing dropped
 
         return finish
 
@@ -281,17 +282,17 @@ class Runner:
             while i < len(ranked) and len(chosen) + len(batch) < want:
                 rec = self.records.get(ranked[i])
                 i += 1
-                if rec is not None and rec.status == "ok":
+                if rec is not None and rec.status == Status.OK:
                     batch.append(rec)
             todo = {r.hash: r for r in [*batch, *also] if not _has_verdict(r)}
             also = []
             self._sanitize(list(todo.values()))
-            chosen += [r.hash for r in batch if r.status == "ok"]
+            chosen += [r.hash for r in batch if r.status == Status.OK]
         return chosen
 
     def _uncertified_shape_winners(self) -> list[CandidateRecord]:
         winners = elite_json.shape_winners(self.space, self.records.values()) or []
-        return list({r.hash: r for _, r in winners if r.status == "ok" and not _has_verdict(r)}.values())
+        return list({r.hash: r for _, r in winners if r.status == Status.OK and not _has_verdict(r)}.values())
 
     def certify_shape_winners(self) -> None:
         """Run the sanitizer on each timed shape's fastest correct kernel (elite.json's shape_elites, which an export
@@ -319,7 +320,7 @@ class Runner:
                 continue
             rec.metrics = {**rec.metrics, "sanitizer": verdict}
             if verdict["status"] == "failed":
-                rec.status, rec.reason = "sanitizer_error", verdict["reason"]
+                rec.status, rec.reason = Status.SANITIZER_ERROR.value, verdict["reason"]
             self.store.update_verdict(self.run.id, rec.hash, status=rec.status, reason=rec.reason,
                                       metrics=rec.metrics)
 

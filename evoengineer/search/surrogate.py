@@ -43,6 +43,7 @@ import numpy as np
 
 from evoengineer.search.runner import Runner
 from evoengineer.search.strategy import Genome, Strategy
+from evoengineer.status import Status
 
 @dataclass(frozen=True)
 class SurrogateParams:
@@ -136,7 +137,7 @@ class SurrogateSearch(Strategy):
     def history(self) -> list[tuple[tuple[int, ...], bool, float]]:
         """(genome, correct, p50) of every result told, in genome order (the model sees the same data whatever
         order the results arrived in)."""
-        return sorted((g, r.status == "ok", r.time_us if r.status == "ok" else math.nan) for g, r in self.told.items())
+        return sorted((g, r.status == Status.OK, r.time_us if r.status == Status.OK else math.nan) for g, r in self.told.items())
 
     def propose(self) -> Genome | None:
         while True:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
 from sqlalchemy.orm import sessionmaker
 
 from evoengineer.liveness import STALE_AFTER_S, holder_alive
+from evoengineer.status import Status
 from evoengineer.store.models import (Base, CandidateRow, Checkpoint, Elite, Lease, Proposal, Run, SchemaInfo,
                                       utcnow)
 
@@ -71,7 +72,7 @@ class CandidateRecord:
     @property
     def time_us(self) -> float:
         t = self.metrics.get("time_us")
-        return float(t) if self.status == "ok" and isinstance(t, (int, float)) and math.isfinite(t) else math.inf
+        return float(t) if self.status == Status.OK and isinstance(t, (int, float)) and math.isfinite(t) else math.inf
 
 
 def _run_info(r: Run) -> RunInfo:
@@ -326,7 +327,7 @@ class Store:
         published, overturned or confirmed the measurement)."""
         clean = {k: _finite_or_none(v) for k, v in metrics.items()}
         t = metrics.get("time_us")
-        keep_time = status == "ok" and isinstance(t, (int, float)) and math.isfinite(t)
+        keep_time = status == Status.OK and isinstance(t, (int, float)) and math.isfinite(t)
         with self._session.begin() as s:
             c = s.scalars(select(CandidateRow).where(CandidateRow.run_id == run_id,
                                                      CandidateRow.hash == hash_)).first()
