@@ -65,7 +65,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="python -m evoengineer", epilog="python -m evoengineer COMMAND --help: the command's options; "
-                                                         "README.md: the whole story")
+                                                         "README.md: a guide; docs/: the reference")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("search", help="start a new search run")
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="elite.json", help="elite.json path (default elite.json)")
     s.add_argument("--strategy", default="ga", help="ga (default), surrogate, random, grid or optuna")
     s.add_argument("--sampler", help="with --strategy optuna: tpe (default), cmaes, gp, nsga2, random or qmc")
+    s.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a strategy option (repeatable), e.g. --option cxpb=0.8 for the GA; stored with the run "
+                        "(the options and defaults: python -m evoengineer options)")
     s.add_argument("--seed", type=_positive_int)
     s.add_argument("--population", type=_positive_int)
     s.add_argument("--generations", type=_positive_int, help="generations after the initial one")
@@ -128,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("spaces", help="list the shipped spaces with their number of valid configurations")
     sub.add_parser("families", help="list the shipped and installed kernel families with their templates")
+    sub.add_parser("options", help="list each search strategy's options (--option KEY=VALUE) with type and default")
 
     ls = sub.add_parser("landscape", help="export a run's measurements as a landscape CSV (replay format)")
     ls.add_argument("--db", default=DEFAULT_URL)
@@ -220,7 +224,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         sampler=a.sampler,
                         force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
                         cluster=_cluster_options(a), seed=a.seed, population=a.population,
-                        generations=a.generations, elite=a.elite, budget=a.budget)
+                        generations=a.generations, elite=a.elite, budget=a.budget, options=a.option)
 
 
 def cmd_check(a: argparse.Namespace) -> int:
@@ -352,6 +356,17 @@ def cmd_families(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_options(a: argparse.Namespace) -> int:
+    from evoengineer.search import STRATEGIES
+    from evoengineer.search.options import describe
+
+    print(f"{'strategy':10s} {'option':24s} {'type':6s} default")
+    for name, cls in STRATEGIES.items():
+        lines = describe(name, cls.params_cls)
+        print("\n".join(lines) if lines else f"{name:10s} (no options)")
+    return 0
+
+
 def cmd_landscape(a: argparse.Namespace) -> int:
     from evoengineer.evaluators.replay import write_landscape
     from evoengineer.search.driver import open_store
@@ -427,7 +442,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 COMMANDS = {"search": cmd_search, "resume": cmd_resume, "inspect": cmd_inspect, "elites": cmd_elites,
             "spaces": cmd_spaces, "families": cmd_families, "landscape": cmd_landscape, "report": cmd_report,
-            "export": cmd_export, "worker": cmd_worker, "check": cmd_check}
+            "export": cmd_export, "worker": cmd_worker, "check": cmd_check, "options": cmd_options}
 
 
 def main(argv: list[str] | None = None) -> int:

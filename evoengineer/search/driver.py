@@ -27,10 +27,10 @@ from evoengineer.search import SAMPLERS, STRATEGIES
 from evoengineer.search.failures import NO_CORRECT_CANDIDATE, no_correct_candidate
 from evoengineer.search.optuna_search import make_sampler
 from evoengineer.search.progress import ProgressPrinter
-from evoengineer.search.runner import LeaseLost, Runner, SearchSettings
+from evoengineer.search import options as strategy_options
+from evoengineer.search.runner import DEFAULTS, LeaseLost, Runner, SearchSettings
 from evoengineer.space.spec import SearchSpace, load_space
 
-DEFAULTS = {"population": 12, "generations": 10, "elite": 3, "budget": None, "seed": 0}
 
 
 def open_store(url: str, *, create: bool) -> Store:
@@ -68,7 +68,17 @@ def settings_from(space: SearchSpace, strategy: str, sampler: str | None = None,
         sampler = sampler or "tpe"
         if sampler not in SAMPLERS:
             raise UsageError(f"--sampler {sampler!r}: unknown (known: {', '.join(SAMPLERS)})")
-    return SearchSettings(strategy=strategy, sampler=sampler, **values)
+    return SearchSettings(strategy=strategy, sampler=sampler, options=_options(strategy, given.get("options")), **values)
+
+
+def _options(strategy: str, given: Any) -> dict[str, Any]:
+    """The strategy's options: KEY=VALUE strings (--option) or a table (stored with a run), checked."""
+    params_cls = STRATEGIES[strategy].params_cls
+    if not given:
+        return {}
+    if isinstance(given, (list, tuple)):
+        return strategy_options.parse(strategy, params_cls, given)
+    return strategy_options.check(strategy, params_cls, given)
 
 
 def _fit_budget(values: dict[str, Any], given: dict[str, Any], space: SearchSpace) -> None:
@@ -247,6 +257,10 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: b
                        sampler=cfg.get("sampler"))
     if s.strategy not in STRATEGIES:
         raise UserError(f"--run {run.id}: strategy {s.strategy!r} is not available in this installation")
+    try:  # the options it was started with (a run of an older version has none: the defaults)
+        s.options = _options(s.strategy, cfg.get("options") or {})
+    except UsageError as exc:
+        raise UserError(f"--run {run.id}: its stored strategy options: {exc}") from None
     if s.strategy == "optuna":
         make_sampler(s.sampler or "tpe", seed=s.seed, population=s.population)
     out = Path(cfg["out"])

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 from deap import base, creator
 
+from evoengineer.search.options import build as build_options
 from evoengineer.search.runner import Runner
 from evoengineer.search.strategy import Genome, Strategy
 from evoengineer.space.spec import SearchSpace
@@ -183,10 +184,11 @@ class GeneticSearch(Strategy):
     """Steady-state GA over a Runner's space (see the module doc)."""
 
     name = "ga"
+    params_cls = GAParams
 
     def __init__(self, runner: Runner, params: GAParams | None = None):
         super().__init__(runner)
-        self.params = params or GAParams()
+        self.params = params or build_options(GAParams, self.settings.options)
         self.rng = random.Random(self.settings.seed)
         self.toolbox = make_toolbox(self.space, self.params, self.rng)
         self.population: list[Genome] = []  # members, oldest first (results told)

@@ -11,7 +11,7 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -48,18 +48,23 @@ class Observer(Protocol):
     def on_generation(self, runner: "Runner", generation: int, stats: dict[str, Any]) -> None: ...
 
 
+#: the search settings' defaults (a space's [search] table and the CLI override them: driver.settings_from)
+DEFAULTS = {"population": 12, "generations": 10, "elite": 3, "budget": None, "seed": 0}
+
+
 @dataclass
 class SearchSettings:
     strategy: str = "ga"
-    population: int = 16
-    generations: int = 10
-    elite: int = 3
-    budget: int | None = None
-    seed: int = 0
+    population: int = DEFAULTS["population"]
+    generations: int = DEFAULTS["generations"]
+    elite: int = DEFAULTS["elite"]
+    budget: int | None = DEFAULTS["budget"]
+    seed: int = DEFAULTS["seed"]
     sampler: str | None = None  # --strategy optuna only
+    options: dict[str, Any] = field(default_factory=dict)  # the strategy's options (search/options.py), checked
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "options": dict(self.options)}
 
     @property
     def max_evaluations(self) -> int:

@@ -24,6 +24,8 @@ class Strategy:
     """Base of the strategies: bookkeeping of what was proposed (pending) and told (results, in arrival order)."""
 
     name = "abstract"
+    #: the strategy's options as one dataclass (its fields: names, types, defaults; search/options.py), or None
+    params_cls: type | None = None
 
     def __init__(self, runner: "Runner"):
         self.runner = runner  # for the space, the settings and hashing; never the store

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from evoengineer.search.options import build as build_options
 from evoengineer.search.runner import Runner
 from evoengineer.search.strategy import Genome, Strategy
 from evoengineer.status import Status
@@ -105,10 +106,11 @@ class SurrogateSearch(Strategy):
     skipped if it was told or proposed meanwhile); the next batch is made when the last is used up."""
 
     name = "surrogate"
+    params_cls = SurrogateParams
 
     def __init__(self, runner: Runner, params: SurrogateParams | None = None):
         super().__init__(runner)
-        self.params = params or SurrogateParams()
+        self.params = params or build_options(SurrogateParams, self.settings.options)
         self.batches = 0  # batches made (each one's RNG is its own)
         self._queue: list[tuple[int, ...]] = []
         self.encode = GenomeEncoder(self.space)

@@ -20,7 +20,7 @@ two workers that died is a poison pill (the scheduler's ``allowed-failures`` = 1
 and is recorded as `runtime_error`. A lost scheduler raises ClusterLost: the driver stops the run, resumable.
 
 Security. A Dask scheduler runs whatever code a connected client or worker sends. The local cluster listens on
-127.0.0.1 only; any other address must be reached over TLS (certificates: README, "Scaling out"): a plain-TCP
+127.0.0.1 only; any other address must be reached over TLS (certificates: docs/security.md, "Dask clusters"): a plain-TCP
 address off this host is refused before anything connects.
 """
 

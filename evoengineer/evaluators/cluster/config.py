@@ -133,14 +133,14 @@ def check_address(address: str, tls: TLSFiles | None, *, option: str = "--cluste
     if url.scheme == "tls":
         if tls is None:
             raise UserError(f"{option} {address}: tls:// needs --tls-ca-file, --tls-cert and --tls-key "
-                            "(README: Scaling out)")
+                            "(certificates: docs/security.md)")
         return
     if tls is not None:
         raise UserError(f"{option} {address}: TLS files given for a plain tcp:// address; use tls://{url.netloc}")
     if not is_loopback(url.hostname):
         raise UserError(f"{option} {address}: refused: a Dask scheduler runs whatever code its clients send, so one "
                         "off this host must be reached over TLS (tls://HOST:PORT with --tls-ca-file, --tls-cert, "
-                        "--tls-key; README: Scaling out); plain tcp:// only on 127.0.0.1")
+                        "--tls-key; docs/security.md); plain tcp:// only on 127.0.0.1")
 
 
 def quiet_dask_logs() -> None:
