@@ -67,7 +67,7 @@ def check_space(space: SearchSpace, *, genomes: int = 3, seed: int = 0, cache_di
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     jobs = max(1, jobs or usable_cpus())
     device_only = device_only_builds(task)
-    if space.backend == "cuda":
+    if space.target.device_compiler:
         # compiled and gated only: the binding (torch's CUDA headers) and a load need a GPU host
         builder = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(),
                           cache_dir=cache, jobs=jobs, device_only=device_only)

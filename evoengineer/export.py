@@ -18,6 +18,7 @@ from evoengineer import elite_json
 from evoengineer.candidate import sha256_text
 from evoengineer.errors import UserError
 from evoengineer.fileio import umask
+from evoengineer.space.backend import backend_of
 
 OPS_DIR = Path(__file__).resolve().parent / "ops"
 
@@ -193,7 +194,7 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
 
     build = elite["build"]
     fam = family_instance(cls, build)
-    suffix = ".cu" if build["backend"] == "cuda" else ".cpp"
+    suffix = backend_of(build["backend"]).source_suffix
     name = _module_name(elite)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"kernel{suffix}").write_text(elite["source"])

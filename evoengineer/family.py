@@ -42,6 +42,7 @@ import torch
 from evoengineer.compiler.binding_source import BindingSource
 from evoengineer.errors import UserError
 from evoengineer.ops.runtime import DTYPES, dim_value, resolve_sizes
+from evoengineer.space.backend import backend_of
 from evoengineer.space.spec import SearchSpace
 from evoengineer.settings import GENERIC_SHAPE_KEYS, evaluation_settings
 
@@ -318,7 +319,7 @@ class Family(ABC):
         self.space = space
         self.constants = dict(space.signature if space is not None else constants or {})
         backend = space.backend if space is not None else (backend or "cpu")
-        self.device = "cuda" if backend == "cuda" else "cpu"
+        self.device = backend_of(backend).device
         self.setup()
         if space is None:
             self.settings: dict[str, Any] = {}

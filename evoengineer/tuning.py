@@ -330,7 +330,7 @@ def _space_text(name: str, template: str, backend: str, arch: str | None, knobs:
         lines.append(f"{k} = {_toml(list(values))}" if ordered else
                      f"{k} = {{ values = {_toml(list(values))}, ordered = false }}")
     lines += ["", "[build]", f"flags = {_toml(list(flags))}"]
-    if backend == "cuda":
+    if cuda_flags:
         lines.append(f"cuda_flags = {_toml(list(cuda_flags))}")
     if ldflags:
         lines.append(f"ldflags = {_toml(list(ldflags))}")
@@ -392,10 +392,13 @@ def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Ma
     tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
     if not tensors:
         raise UserError("tune: args holds no tensor")
+    from evoengineer.space.backend import BACKENDS
+
     backend = backend or ("cuda" if tensors[0].is_cuda else "cpu")
-    if backend not in ("cpu", "cuda"):
-        raise UserError(f"tune: backend {backend!r}: cpu or cuda")
-    if backend == "cuda" and arch is None:
+    if backend not in BACKENDS:
+        raise UserError(f"tune: backend {backend!r}: {' or '.join(BACKENDS)}")
+    target = BACKENDS[backend]
+    if target.needs_arch and arch is None:
         arch = "sm_{}{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else "sm_90"
     dims = dict(dims or {})
     call = _call(args, outputs, dims, inout)
@@ -416,7 +419,7 @@ def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Ma
             raise UserError(f"tune: shapes[{i}]: sizes {sorted(missing)} missing")
     if len(shape_sizes) > 1 and not shape_sizes["example"]:
         raise UserError("tune: shapes given but no dims named: name the sizes that vary with dims=")
-    if backend == "cpu":
+    if not target.device_compiler:
         flags = list(flags if flags is not None else ["-O3", "-march=native", "-fopenmp", "-fvisibility=hidden"])
         ldflags = list(ldflags if ldflags is not None else (["-fopenmp"] if "-fopenmp" in flags else []))
         cuda_flags = []
@@ -436,7 +439,7 @@ def tune(kernel: str | Path, *, entry: str, args: Mapping[str, Any], outputs: Ma
                                       sort_keys=True, default=str).encode()).hexdigest()[:12]
     work = Path(workdir) if workdir is not None else Path("evo_tune") / entry
     work.mkdir(parents=True, exist_ok=True)
-    template = f"{entry}.{'cu' if backend == 'cuda' else 'cpp'}.j2"
+    template = f"{entry}{target.source_suffix}.j2"
     space = work / "space.toml"
     space_text = _space_text(f"tune_{entry}", template, backend, arch, knobs, constraints, flags, cuda_flags,
                              ldflags, shape_sizes, budget, {"warmup": warmup, "repeats": repeats})

@@ -115,3 +115,14 @@ def test_no_family_imports_another():
                 if other and other != name and other in shipped:
                     bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def test_backends_are_asked_what_they_mean_not_compared_by_name():
+    """What a backend means (GPU, device compiler, builds beside measuring) lives in evoengineer/space/backend.py;
+    nothing else compares a backend's name."""
+    import re
+
+    pattern = re.compile(r"""backend\s*[!=]=\s*["'](cuda|cpu)["']|["'](cuda|cpu)["']\s*[!=]=\s*\w*backend""")
+    bad = [f"{p.relative_to(PKG.parent)}:{i}" for p in _sources() if p.name != "backend.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not bad, bad

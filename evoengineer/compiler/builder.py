@@ -90,13 +90,13 @@ class Builder(QueuedBuilds):
         self.jobs = max(1, jobs or usable_cpus())
         self.toolchain = toolchain(space.backend)
         self.cflags = list(space.build_flags)
-        self.cuda_cflags = list(space.cuda_flags) if space.backend == "cuda" else None
-        if space.backend == "cuda":
+        self.cuda_cflags = list(space.cuda_flags) if space.target.device_compiler else None
+        if space.target.device_compiler:
             self.cflags.append("-DEVO_WITH_CUDA")
             self.cuda_cflags = [*(self.cuda_cflags or []), "-DEVO_WITH_CUDA"]
         self.ldflags = list(space.ldflags)
-        self.suffix = ".cu" if space.backend == "cuda" else ".cpp"
-        self.device_only = bool(device_only) and space.backend == "cuda"
+        self.suffix = space.target.source_suffix
+        self.device_only = bool(device_only) and space.target.device_compiler
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None
@@ -190,7 +190,7 @@ class Builder(QueuedBuilds):
         return {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source_text": self._binding().text,
                 "include": str(BINDING_INCLUDE), "session": self.session,
                 "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
-                "arch": self.space.arch, "with_cuda": self.space.backend == "cuda"}
+                "arch": self.space.arch, "with_cuda": self.space.target.device_compiler}
 
     def _find_binding(self) -> dict[str, Any]:
         if self._built_binding is None:
@@ -236,7 +236,7 @@ class Builder(QueuedBuilds):
             self._start_binding()
 
     def _gate_job(self) -> dict[str, Any] | None:
-        if self.space.backend != "cuda":
+        if not self.space.target.device_compiler:
             return None
         return {"cuda_flags": list(self.space.cuda_flags), "arch": self.space.arch, "gates": dict(self.space.gates)}
 

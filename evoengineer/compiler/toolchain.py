@@ -9,6 +9,8 @@ import subprocess
 from functools import lru_cache
 from typing import Any
 
+from evoengineer.space.backend import backend_of
+
 
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity (taskset, a cgroup cpuset), not the host's count."""
@@ -44,7 +46,7 @@ def toolchain(backend: str) -> dict[str, Any]:
         "cpu": _cpu_model(),
         "machine": platform.machine(),
     }
-    if backend == "cuda":
+    if backend_of(backend).device_compiler:
         tc["nvcc"] = _first_line(["nvcc", "--version"])
         tc["cuda"] = torch.version.cuda
     return tc

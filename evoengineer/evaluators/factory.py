@@ -60,7 +60,7 @@ def replay_builds() -> "BuildTimeModel | None":
 def _local(space: SearchSpace, seed: int, build_jobs: int | None, cache_dir: str | None) -> Evaluator:
     from evoengineer.evaluators.local import LocalEvaluator
 
-    if space.backend == "cuda":
+    if space.target.gpu:
         import torch
 
         if not torch.cuda.is_available():

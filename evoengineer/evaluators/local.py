@@ -244,7 +244,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         init = {"space_text": self.space.text, "space_path": str(self.space.path or ""),
                 "seed": self.seed * 1000 + self.workers_started, "cache_dir": str(self.cache_dir)}
         timeout = float(self.settings["init_timeout_s"])
-        worker = WorkerProcess(init, timeout, cpu_kernels=self.space.backend == "cpu")
+        worker = WorkerProcess(init, timeout, cpu_kernels=not self.space.target.gpu)
         self._mark("worker started")
         try:
             baselines = self._baselines()
@@ -362,7 +362,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         from evoengineer.evaluators.sanitizer import certify, find_tool
 
         tools = list(self.settings["sanitizer"])
-        if self.space.backend != "cuda" or not tools or find_tool() is None:
+        if not self.space.target.device_compiler or not tools or find_tool() is None:
             return {}
         verdicts, built = {}, []
         for c in candidates:
@@ -405,7 +405,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         if plan is not None:
             notes.update(budget_s=budget, expected_s=plan.get("expected_s"), baseline_calls=base_calls,
                          baseline_rounds=len(base_rounds))
-        if self.space.backend == "cpu":
+        if not self.space.target.gpu:  # CPU kernels: the threads' pinning they were timed with
             notes["pinning"] = " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PINNING.items())
         if not built:
             return Retiming(samples={}, dropped=dropped, notes=notes)
@@ -452,8 +452,7 @@ class LocalEvaluator(BuildAheadEvaluator):
 
     # ---- the evaluator interface (evaluate, evaluate_many, prefetch: BuildAheadEvaluator) -----------------------
     def builds_beside_measurements(self) -> bool:
-        # CPU kernels time on the cores the compilers would take: nothing is built beside a measurement
-        return self.space.backend != "cpu"
+        return self.space.target.builds_beside_measuring
 
     def start(self) -> None:
         self.before_batch()
@@ -462,7 +461,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         self.builder.start()
 
     def before_batch(self) -> None:
-        if self.space.backend != "cpu":
+        if self.space.target.builds_beside_measuring:
             self._start_early()
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ class ProgressPrinter:
         """Candidates measured per minute by this process and the measuring devices' busy share (time spent on
         candidates / wall time x devices): shown for GPU spaces and Dask clusters."""
         busy = runner.evaluator.utilization()
-        if busy is None or not (runner.space.backend == "cuda" or runner.evaluator.kind == "dask"):
+        if busy is None or not (runner.space.target.gpu or runner.evaluator.kind == "dask"):
             return ""
         seconds, devices = busy
         wall = max(1e-9, time.monotonic() - self.t0)
@@ -68,7 +68,7 @@ class ProgressPrinter:
             return ""
         wall = max(1e-9, time.monotonic() - self.t0)
         per = f"{stats['build_s'] / stats['builds']:.2f} s/candidate" if stats["builds"] else "all cached"
-        if runner.space.backend != "cuda":  # CPU spaces build before measuring: the cores never wait on builds
+        if not runner.space.target.builds_beside_measuring:  # built before measuring: nothing waits on builds
             return f" | builds {per}"
         return f" | builds {per} | GPU waited on builds {min(1.0, stats['wait_s'] / wall):.0%}"
 

@@ -19,11 +19,11 @@ from evoengineer.paths import TEMPLATES_DIR
 from evoengineer.errors import UserError
 from evoengineer.space.expr import Expression, ExprError
 from evoengineer.space.flags import ARCH, check_flags
+from evoengineer.space.backend import BACKENDS, Backend
 
 Value = Any  # int | float | bool | str
 Genome = list[int]
 
-BACKENDS = ("cpu", "cuda")
 KNOWN_GATES = ("max_registers", "max_smem_bytes", "max_spill_bytes", "max_stack_bytes")
 BUILD_KEYS = ("flags", "cuda_flags", "ldflags")
 SEARCH_KEYS = ("population", "generations", "elite", "budget", "seed")
@@ -130,6 +130,11 @@ class SearchSpace:
     def variant_label(values: dict[str, Value]) -> str:
         """A variant's name in file names and messages: its values joined ("bfloat16", "float16-4096")."""
         return "-".join(str(canonical_text(v)).strip('"') for v in values.values())
+
+    @property
+    def target(self) -> Backend:
+        """What this space's backend means (evoengineer/space/backend.py)."""
+        return BACKENDS[self.backend]
 
     # ---- genome <-> params ---------------------------------------------------------------------------------------
     @property
@@ -420,13 +425,13 @@ def _parse(data: dict, text: str, path: Path | None, where: str, check_valid: bo
             raise UserError(f"{where}: {key} must be a non-empty string")
     backend = data["backend"]
     if backend not in BACKENDS:
-        raise UserError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}")
+        raise UserError(f"{where}: backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     arch = data.get("arch")
-    if backend == "cuda" and not (isinstance(arch, str) and ARCH.fullmatch(arch)):
-        raise UserError(f"{where}: arch: a cuda space needs arch = \"sm_XX\" (e.g. \"sm_90\", \"sm_90a\"), "
+    if BACKENDS[backend].needs_arch and not (isinstance(arch, str) and ARCH.fullmatch(arch)):
+        raise UserError(f"{where}: arch: a {backend} space needs arch = \"sm_XX\" (e.g. \"sm_90\", \"sm_90a\"), "
                         f"got {arch!r}")
-    if backend == "cpu" and arch is not None:
-        raise UserError(f"{where}: arch: only cuda spaces take an arch")
+    if not BACKENDS[backend].needs_arch and arch is not None:
+        raise UserError(f"{where}: arch: only spaces of a backend with a device compiler (cuda) take an arch")
 
     template_path = _resolve_template(data["template"], path, where, task=data.get("task"))
 

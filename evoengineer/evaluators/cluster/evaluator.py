@@ -63,7 +63,7 @@ class ClusterEvaluator(Evaluator):
         self.space, self.inner, self.address, self.tls = space, dict(inner), address, tls
         self.builds = inner.get("kind") == "local" if builds is None else builds
         # CPU kernels are timed on the cores the compilers use: no builds beside measurements (as LocalEvaluator)
-        self.overlap = space.backend != "cpu"
+        self.overlap = space.target.builds_beside_measuring
         self._cluster = None
         self._t_created = time.monotonic()
         self._start_marks: dict[str, float] = {}  # start_timeline()
@@ -71,7 +71,7 @@ class ClusterEvaluator(Evaluator):
         self._init_flight()
         extras = dict(extras or {})
         if address == "local":
-            real = self.builds and space.backend == "cuda"
+            real = self.builds and space.target.gpu
             if real and workers and workers > len(visible_gpus()):
                 raise UserError(f"--cluster-workers {workers}: this host shows {len(visible_gpus())} GPU(s)")
             layout = host_layout(gpus=visible_gpus()[:workers] if real and workers else None,

@@ -386,7 +386,7 @@ class MSDATask(Family):
         return {"reference": lambda inputs: reference(inputs, dtype=torch.float32, logits=self.logits)}
 
     def baseline_kernels(self):
-        return {"classic": "cuda/msda_classic.cu.j2"} if self.space.backend == "cuda" else {}
+        return {"classic": "cuda/msda_classic.cu.j2"} if self.space.target.device_compiler else {}
 
     def flops(self, shape):
         return flops(shape)
