@@ -65,7 +65,7 @@ def build_modules(space, params_list, cache_dir) -> tuple[object, list[tuple[dic
     from evoengineer.candidate import CandidateFactory
     from evoengineer.compiler.builder import Builder
     from evoengineer.compiler.steps import load_module
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     task = get_task(space)
     factory = CandidateFactory(space)

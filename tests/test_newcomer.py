@@ -36,7 +36,7 @@ def test_a_population_given_larger_than_the_budget_is_refused_with_a_pointer():
 
 
 def test_search_with_budget_4_on_the_cpu_space_defaults(tmp_path: Path, monkeypatch, capsys):
-    landscape = ROOT / "experiments" / "strategies" / "results" / "landscape_cpu_msda.csv"
+    landscape = ROOT / "experiments" / "data" / "strategies" / "landscape_cpu_msda.csv"
     monkeypatch.chdir(tmp_path)
     assert main(["search", "--space", "cpu_msda", "--landscape", str(landscape), "--budget", "4", "--db",
                  "sqlite:///b.db", "--quiet"]) == 0

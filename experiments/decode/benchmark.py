@@ -5,6 +5,10 @@ and against the read bandwidth of the same GPU, all in one process.
         [--kernel fp8_d64=elite_fp8_d64.json] [--shapes all|decode] [--json F] [--md F]
     python experiments/decode/benchmark.py --kernel x='decode_fp8kv_d128:{"BLOCK_N": 128, ...}' --shapes decode
     python experiments/decode/benchmark.py --kernel fp8=elite_fp8.json --paged 16,64
+    python experiments/decode/benchmark.py --config experiments/decode/tables.toml --table final
+
+--config FILE --table NAME: the kernels, shapes and page sizes of one table of a TOML file (tables.toml says how);
+--kernel adds kernels to it, --shapes and --paged replace the table's.
 
 A --kernel is LABEL=elite.json (its rank-1 genome and space) or LABEL='SPACE:{params as JSON}' (SPACE: a shipped
 space's name or a .toml path). Per shape
@@ -17,7 +21,7 @@ space's name or a .toml path). Per shape
   its max abs error against the float64 reference of what it was given and, for FP8, against fp16 attention on the
   unquantized K/V (what it replaces).
 * the read bandwidth a plain reduction reaches over a 1 GiB fp16 tensor (torch.sum and torch.amax, the better), and
-  each kernel's effective bandwidth: the bytes it must move once (K/V + q + out, evoengineer.tasks.decode.min_bytes)
+  each kernel's effective bandwidth: the bytes it must move once (K/V + q + out, evoengineer.families.decode.task.min_bytes)
   over its time.
 
 Paged KV (--paged SIZES): every kernel of a contiguous space whose paged twin ships (SPACE_paged.toml) is also built
@@ -48,7 +52,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.decode import DecodeShape, reference  # noqa: E402
+from evoengineer.families.decode.task import DecodeShape, reference  # noqa: E402
 from experiments.gpu_timing import build_modules, first_line, graph_us  # noqa: E402
 
 # (B, Hq, Hkv, Sq, Sk, D): the issue's table; the first is the spaces' timed shape
@@ -71,6 +75,27 @@ def parse_kernel(text: str) -> tuple[str, object, dict]:
     name, _, params = what.partition(":")
     space = load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml")
     return label, space, json.loads(params)
+
+
+def config_table(path: str, table: str) -> tuple[list[tuple[str, object, dict]], dict]:
+    """The kernels (label, space, params) of `table` in a TOML file of tables (tables.toml), and the table."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    doc = tomllib.loads(Path(path).read_text())
+    if table not in doc:
+        raise SystemExit(f"{path}: no table {table!r} (tables: {', '.join(doc)})")
+    t = doc[table]
+    common = t.get("genes", {})
+    kernels = []
+    for label, k in t.get("kernels", {}).items():
+        name = k["space"]
+        space = load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml")
+        kernels.append((label, space, {**common, **k.get("genes", {})}))
+    if not kernels:
+        raise SystemExit(f"{path}: table {table!r} names no kernel")
+    return kernels, t
 
 
 def build_all(kernels: list[tuple[str, object, dict]], cache: Path) -> dict[str, tuple]:
@@ -234,25 +259,33 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", action="append", required=True, help="LABEL=elite.json or LABEL='SPACE:{params}'")
-    ap.add_argument("--shapes", default="all",
+    ap.add_argument("--config", help="a TOML file of tables (tables.toml); needs --table")
+    ap.add_argument("--table", help="the table of --config: its kernels, shapes and page sizes")
+    ap.add_argument("--kernel", action="append", default=[], help="LABEL=elite.json or LABEL='SPACE:{params}'")
+    ap.add_argument("--shapes", default=None,
                     help="all (the issue's table), decode (its first row) or 'B,Hq,Hkv,Sq,Sk,D;...' "
-                         "(Sq = 1 may be left out)")
+                         "(Sq = 1 may be left out); default: the table's, else all")
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--settle-s", type=float, default=0.2,
                     help="seconds of graph replays before each timing (0: time at once, as before issue 34's eighth part)")
-    ap.add_argument("--paged", default="", help="page sizes (e.g. 16,64): time the paged twins at each")
+    ap.add_argument("--paged", default=None, help="page sizes (e.g. 16,64): time the paged twins at each")
     ap.add_argument("--cache-dir", default=str(ROOT / ".evo_cache"))
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
+    if bool(a.config) != bool(a.table):
+        ap.error("--config and --table go together")
+    kernels, table = config_table(a.config, a.table) if a.config else ([], {})
+    kernels += [parse_kernel(k) for k in a.kernel]
+    if not kernels:
+        ap.error("no kernel: give --config FILE --table NAME or --kernel")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
+    a.paged = a.paged if a.paged is not None else str(table.get("paged", ""))
     a.page_sizes = [int(x) for x in a.paged.split(",") if x]
-    shapes = parse_shapes(a.shapes)
-    kernels = [parse_kernel(k) for k in a.kernel]
+    shapes = parse_shapes(a.shapes or table.get("shapes", "all"))
     if a.page_sizes:
         kernels += paged_twins(kernels)
     elif any(space.signature.get("KV_LAYOUT") == "paged" for _, space, _ in kernels):

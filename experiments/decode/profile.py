@@ -3,6 +3,7 @@
     ncu --profile-from-start off --set full -o report python experiments/decode/profile.py \
         --kernel fp8=experiments/decode/results/elite_decode_fp8kv_d128.json --shape 8,32,8,1,8192,128 [--paged 16] \
         [--cudnn]
+    ncu ... python experiments/decode/profile.py --config experiments/decode/tables.toml --table final --cudnn
 
 Builds the kernels as benchmark.py does (LABEL=elite.json or LABEL='SPACE:{params}'; --paged SIZES adds each
 kernel's paged twin at those page sizes), makes every kernel's inputs, warms each up outside the profiled range,
@@ -23,20 +24,27 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from evoengineer.tasks.decode import DecodeShape  # noqa: E402
-from experiments.decode.benchmark import build_all, paged_twins, parse_kernel  # noqa: E402
+from evoengineer.families.decode.task import DecodeShape  # noqa: E402
+from experiments.decode.benchmark import build_all, config_table, paged_twins, parse_kernel  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", action="append", required=True)
+    ap.add_argument("--config", help="a TOML file of tables (tables.toml): the kernels of --table")
+    ap.add_argument("--table")
+    ap.add_argument("--kernel", action="append", default=[])
     ap.add_argument("--shape", default="8,32,8,1,8192,128", help="B,Hq,Hkv,Sq,Sk,D")
     ap.add_argument("--paged", default="", help="page sizes of the paged twins")
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--cache-dir", default=str(ROOT / ".evo_cache"))
     a = ap.parse_args()
     B, Hq, Hkv, Sq, Sk, D = (int(x) for x in a.shape.split(","))
-    kernels = [parse_kernel(k) for k in a.kernel]
+    if bool(a.config) != bool(a.table):
+        ap.error("--config and --table go together")
+    kernels = config_table(a.config, a.table)[0] if a.config else []
+    kernels += [parse_kernel(k) for k in a.kernel]
+    if not kernels:
+        ap.error("no kernel: give --config FILE --table NAME or --kernel")
     pages = [int(x) for x in a.paged.split(",") if x]
     if pages:
         kernels += paged_twins(kernels)

@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import evoengineer  # noqa: E402
-from evoengineer.tasks.msda import MSDAShape, make_inputs  # noqa: E402
+from evoengineer.families.msda.task import MSDAShape, make_inputs  # noqa: E402
 
-ELITES = {"msda": ROOT / "experiments/msda/results/issue17/elite_ga_fp16_v3.json",
-          "sdpa": ROOT / "experiments/sdpa/results/hopper/elite_fp16_d64_seed1.json",
-          "decode": ROOT / "experiments/decode/results/elite_decode_fp16_d128.json"}
+ELITES = {"msda": ROOT / "experiments/data/msda/elite_ga_fp16_v3.json",
+          "sdpa": ROOT / "experiments/data/sdpa/hopper/elite_fp16_d64_seed1.json",
+          "decode": ROOT / "experiments/data/decode/elite_decode_fp16_d128.json"}
 
 
 def graph_us(fn, calls: int = 20, replays: int = 30) -> float:

@@ -37,7 +37,7 @@ def main() -> None:
     from evoengineer.evaluators.process_state import StateGuard
     from evoengineer.evaluators.sentinel import CpuProbe
     from evoengineer.space import load_space
-    from evoengineer.tasks.base import get_task
+    from evoengineer.families import get_task
 
     folder = ROOT / "tests" / "data" / f"cheats_{args.backend}"
     space = load_space(folder / "cheats_space.toml")

@@ -36,8 +36,8 @@ from evoengineer.compiler.builder import Builder  # noqa: E402
 from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.evaluators.timing import time_callable  # noqa: E402
 from evoengineer.space import SearchSpace, load_space  # noqa: E402
-from evoengineer.tasks.base import get_task  # noqa: E402
-from evoengineer.tasks.msda import DECODER, ENCODER, INPUT_KEYS, MSDAShape  # noqa: E402
+from evoengineer.families import get_task  # noqa: E402
+from evoengineer.families.msda.task import DECODER, ENCODER, INPUT_KEYS, MSDAShape  # noqa: E402
 
 SHAPES = [ENCODER, MSDAShape("encoder_n2", N=2, Lq=ENCODER.Lq, M=8, D=32, P=4, levels=ENCODER.levels, ref="pixels"),
           DECODER]

@@ -124,7 +124,7 @@ def _as_dtype(dtype: Any) -> torch.dtype:
 
 
 class GatherFloor:
-    """The gather floor on one set of MSDA inputs (a dict as from evoengineer.tasks.msda.make_inputs, on CUDA).
+    """The gather floor on one set of MSDA inputs (a dict as from evoengineer.families.msda.task.make_inputs, on CUDA).
 
     ``dtype``: value dtype the gather reads and writes (float16 / float32; value is cast when it differs).
     ``vec`` / ``items_per_block``: the kernel variant (see VARIANTS; default DEFAULT_VARIANT[dtype]).
@@ -213,9 +213,9 @@ class GatherFloor:
 
 
 def check(inputs: Mapping[str, torch.Tensor], out: torch.Tensor, ref: torch.Tensor | None = None) -> float:
-    """Max abs error of ``out`` against ``ref`` (default evoengineer.tasks.msda.reference in float64)."""
+    """Max abs error of ``out`` against ``ref`` (default evoengineer.families.msda.task.reference in float64)."""
     if ref is None:
-        from evoengineer.tasks.msda import reference
+        from evoengineer.families.msda.task import reference
 
         ref = reference(inputs, dtype=torch.float64)
     return float((out.to(torch.float64) - ref.to(out.device)).abs().max().item())
@@ -229,7 +229,7 @@ def _main() -> int:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from evoengineer.evaluators.timing import time_callable
-    from evoengineer.tasks.msda import DECODER, ENCODER, make_inputs, reference
+    from evoengineer.families.msda.task import DECODER, ENCODER, make_inputs, reference
 
     ap = argparse.ArgumentParser(description="gather floor self-check and timing (needs a CUDA GPU)")
     ap.add_argument("--build-dir", default=str(Path.home() / ".cache" / "evoengineer"))

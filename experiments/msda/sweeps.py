@@ -1,7 +1,7 @@
 """The seeds' MSDA experiments, read off a full grid of the space (every valid configuration measured once).
 
-    python experiments/msda/sweeps.py experiments/msda/results/landscape_cuda_msda_fp16.csv \
-        [--ga experiments/msda/results/ga_evals_cuda_msda_fp16.csv] [--png convergence.png] [--md sweeps.md]
+    python experiments/msda/sweeps.py experiments/data/msda/landscape_cuda_msda_fp16.csv \
+        [--ga ga_evals_cuda_msda_fp16.csv] [--png convergence.png] [--md sweeps.md]
 
 For each axis of the seeds' studies (producer warps 0..4 of 8 warps, STAGES 1..4, queries per block, shared
 metadata, persistent grid, and the other genes) it prints two views:

@@ -35,8 +35,8 @@ from evoengineer.space.spec import load_space  # noqa: E402
 from evoengineer.store import Store  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "scale" / "results"
-SPACE = ROOT / "experiments" / "msda" / "results" / "cuda_msda_fp16_v1.toml"  # the space the landscape was recorded in
-LANDSCAPE = ROOT / "experiments" / "msda" / "results" / "landscape_cuda_msda_fp16.csv"
+SPACE = ROOT / "experiments" / "data" / "msda" / "cuda_msda_fp16_v1.toml"  # the space the landscape was recorded in
+LANDSCAPE = ROOT / "experiments" / "data" / "msda" / "landscape_cuda_msda_fp16.csv"
 # GA: 3 elites + 16 children per generation (the cluster default population at 8 workers: cluster_population);
 # random and grid: batches of 16. Both fill whole rounds of 1, 2, 4 and 8 workers.
 SETTINGS = {

@@ -38,8 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "scale" / "results"
-ELITES = {"cuda_msda_fp16": "experiments/msda/results/issue17/elite_ga_fp16.json",
-          "sdpa_hopper_fp16_d64": "experiments/sdpa/results/hopper/elite_fp16_d64_seed1.json",
+ELITES = {"cuda_msda_fp16": "experiments/data/msda/elite_ga_fp16.json",
+          "sdpa_hopper_fp16_d64": "experiments/data/sdpa/hopper/elite_fp16_d64_seed1.json",
           "decode_fp8kv_d128": "experiments/decode/results/elite_decode_fp8kv_d128.json"}
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from evoengineer.evaluators.cluster import visible_gpus  # noqa: E402  (after the path: run from a checkout)
 RESULTS = ROOT / "experiments" / "scale" / "results"
 GRID_SPACE = ROOT / "experiments" / "scale" / "cuda_msda_fp16_grid2781.toml"
-REPLAY_LANDSCAPE = ROOT / "experiments" / "msda" / "results" / "landscape_cuda_msda_fp16.csv"
+REPLAY_LANDSCAPE = ROOT / "experiments" / "data" / "msda" / "landscape_cuda_msda_fp16.csv"
 DONE = re.compile(r"^\s*done \|.*\| (?P<rate>\d+)/min \| GPU busy (?P<busy>\d+)% of (?P<gpus>\d+)"
                   r"(?: \| per GPU: (?P<per>[^|]*))?")
 

@@ -3,6 +3,7 @@
     python experiments/sdpa/benchmark.py --elite elite.json [--elite-fp8 elite_fp8.json] [--repeats 50] [--json F]
     python experiments/sdpa/benchmark.py --elite elite.json --revalidate [--runs 500] [--json F]
     python experiments/sdpa/benchmark.py --grid --kernel NAME=elite.json[@SPACE] [--kernel ...] [--json F]
+    python experiments/sdpa/benchmark.py --grid --config experiments/sdpa/grid.toml --table d64 [--json F]
 
 Default mode, per shape (B, H, S, D = 64; fp16 non-causal and causal, plus FP8 KV at the mission shape when
 --elite-fp8 is given): the elite's output is first compared with torch SDPA (max abs err; FP8 KV: fp16 SDPA on the
@@ -20,7 +21,8 @@ max abs error against torch SDPA. An elite.json of a space timing several shapes
 bf16 twin of an fp16 space, say); bf16 kernels get rows of their own, bf16 inputs against the bf16 backends. An FP8
 attention kernel (sdpa_hopper_fp8_*) runs on the same draws quantized per head (e4m3 Q/K/V), against cuDNN on the
 fp16 originals: x cuDNN is then the FP8 kernel against fp16 cuDNN. The best
-kernel of each row is named with its ratio to cuDNN.
+kernel of each row is named with its ratio to cuDNN. --config FILE --table NAME adds the kernels of one table of a
+TOML file (grid.toml: [[NAME.kernel]] entries of name, space and genes), before any --kernel.
 
 --revalidate: the K elites of elite.json re-timed on the space's timed shapes with --runs timed calls each (CUDA
 events, L2 flushed before every call: evoengineer.evaluators.timing.time_callable), p50/p90/p99 next to the
@@ -48,8 +50,8 @@ from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.evaluators.timing import time_callable  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.base import get_task  # noqa: E402
-from evoengineer.tasks.sdpa import SDPAShape, sdpa_fp16_original  # noqa: E402
+from evoengineer.families import get_task  # noqa: E402
+from evoengineer.families.sdpa.task import SDPAShape, sdpa_fp16_original  # noqa: E402
 from experiments.gpu_timing import first_line, graph_us, wall_us  # noqa: E402
 
 #: (B, H, S, D): the mission shape, its ragged twin, then two larger ones.
@@ -68,6 +70,37 @@ def with_later_genes(space, params: dict) -> dict:
     return {**{g: v for g, v in LATER_GENES.items() if g in space.names}, **params}
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def config_kernels(path: str, table: str) -> list[tuple[str, object, dict]]:
+    """(name, space, genes) of every kernel of `table` in a TOML config (grid.toml): [[TABLE.kernel]] entries with
+    `name`, `space` (a shipped space's name or a .toml file) and `genes` (recorded genes: `build` adds the genes the
+    space gained since, `with_later_genes`)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    doc = tomllib.loads(Path(path).read_text())
+    if table not in doc:
+        raise SystemExit(f"{path}: no table {table!r} (tables: {', '.join(doc)})")
+    out = []
+    for k in doc[table].get("kernel", []):
+        name = k["space"]
+        out.append((k["name"], load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml"),
+                    dict(k["genes"])))
+    if not out:
+        raise SystemExit(f"{path}: table {table!r} names no kernel")
+    return out
+
+
+def config_kernel(spec: str) -> tuple[object, dict]:
+    """FILE:TABLE/NAME -> (space, genes) of that kernel of a config."""
+    path, _, rest = spec.rpartition(":")
+    table, _, name = rest.partition("/")
+    for kname, space, genes in config_kernels(path, table):
+        if kname == name:
+            return space, genes
+    raise SystemExit(f"{path}: table {table!r} has no kernel {name!r}")
 
 
 def load_doc(path: str) -> tuple[dict, object]:
@@ -223,6 +256,18 @@ def grid(a) -> list[dict]:
     per input dtype: fp16 (the fp16 kernels; FP8 kernels on the same draws quantized, against the fp16 backends) and
     bf16 (the bf16 kernels, against the bf16 backends)."""
     kernels = []  # (name, head dim, dtype of the row, task, module, params)
+    groups: list[tuple[object, list]] = []  # the config's kernels, runs of one space built together
+    for name, space, params in (config_kernels(a.config, a.table) if a.config else []):
+        if groups and groups[-1][0].name == space.name:
+            groups[-1][1].append((name, params))
+        else:
+            groups.append((space, [(name, params)]))
+    for space, picks in groups:
+        task, modules = build(space, [p for _, p in picks], Path(a.cache_dir))
+        row_dtype = torch.float16 if task.fp8 else task.q_dtype
+        for (kname, params), module in zip(picks, modules):
+            kernels.append((kname, space.signature["HEAD_DIM"], row_dtype, task, module, params))
+            print(f"kernel {kname}: {space.name} (from {a.config}) {json.dumps(params, separators=(',', ':'))}")
     for spec in a.kernel:
         name, _, path = spec.partition("=")
         path, _, space_name = path.partition("@")
@@ -320,6 +365,8 @@ def main() -> int:
     ap.add_argument("--grid", action="store_true", help="the issue-13 table over GRID_SHAPES (needs --kernel)")
     ap.add_argument("--kernel", action="append", default=[],
                     help="--grid: NAME=elite.json or NAME=elite.json@SPACE (repeatable)")
+    ap.add_argument("--config", help="--grid: a TOML file of kernel tables (grid.toml)")
+    ap.add_argument("--table", help="--grid: the table of --config")
     ap.add_argument("--elite-fp8", help="elite.json of sdpa_fp8kv_d64: adds FP8-KV rows")
     ap.add_argument("--repeats", type=int, default=50, help="graph replays per measurement (default 50)")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph (default 20)")
@@ -329,8 +376,10 @@ def main() -> int:
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
     if a.grid:
-        if not a.kernel:
-            ap.error("--grid needs at least one --kernel NAME=elite.json")
+        if bool(a.config) != bool(a.table):
+            ap.error("--config and --table go together")
+        if not a.kernel and not a.config:
+            ap.error("--grid needs --config FILE --table NAME or at least one --kernel NAME=elite.json")
         print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN "
               f"{torch.backends.cudnn.version()}")
         rows = grid(a)

@@ -28,8 +28,8 @@ from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.compiler.builder import Builder  # noqa: E402
 from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.base import get_task  # noqa: E402
-from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
+from evoengineer.families import get_task  # noqa: E402
+from evoengineer.families.sdpa.task import SDPAShape  # noqa: E402
 
 BASE = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
         "PINGPONG": False, "INTRA_WG_OVERLAP": False, "PERSISTENT": False, "Q_PREFETCH": False, "FAST_EXP": True,

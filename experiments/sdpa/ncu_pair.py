@@ -3,6 +3,7 @@
 
     ncu -k regex:sdpa --section ... python experiments/sdpa/ncu_pair.py --space SPACE --genome '{...}' --shape B,H,S[,causal]
     ncu ... python experiments/sdpa/ncu_pair.py --elite elite.json[:SHAPE] --shape B,H,S[,causal]
+    ncu ... python experiments/sdpa/ncu_pair.py --kernel experiments/sdpa/grid.toml:fp8/fp8_large --shape 4,16,4096
 
 scripts/ncu_pair.sh runs it under ncu with the sections and metrics the issue-35 comparisons read.
 """
@@ -22,10 +23,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from benchmark import build, elite_params, load_doc  # noqa: E402
+from benchmark import build, config_kernel, elite_params, load_doc  # noqa: E402
 from evoengineer import SPACES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
+from evoengineer.families.sdpa.task import SDPAShape  # noqa: E402
 
 
 def main() -> int:
@@ -34,6 +35,7 @@ def main() -> int:
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--genome", help="JSON parameter dict (needs --space)")
     which.add_argument("--elite", help="elite.json[:SHAPE]: its rank 1, or that shape's winner")
+    which.add_argument("--kernel", help="FILE:TABLE/NAME: a kernel of a config (grid.toml)")
     ap.add_argument("--shape", required=True, help="B,H,S or B,H,S,causal")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     a = ap.parse_args()
@@ -43,6 +45,8 @@ def main() -> int:
         path, _, shape_name = a.elite.partition(":")
         doc, space = load_doc(path)
         params = elite_params(doc, shape_name)
+    elif a.kernel:
+        space, params = config_kernel(a.kernel)
     else:
         params = json.loads(a.genome)
     if a.space:  # (with --elite: its genes rendered in this space)

@@ -36,7 +36,7 @@ from benchmark import build, graph_us, with_later_genes  # noqa: E402
 from hopper_probe import check_modules  # noqa: E402
 from evoengineer import SPACES_DIR, TEMPLATES_DIR  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
-from evoengineer.tasks.sdpa import SDPAShape  # noqa: E402
+from evoengineer.families.sdpa.task import SDPAShape  # noqa: E402
 
 def variant_space(space_file: Path, base, template: Path, name: str, scratch: Path):
     """The space with `template` in place of its own, in scratch/name/ (with the common includes beside it)."""

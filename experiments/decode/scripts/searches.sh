@@ -4,6 +4,7 @@
 source experiments/scripts/device_env.sh || exit 1
 budget=$1; shift
 dest=${OUT:-experiments/decode/results}
+mkdir -p "$dest"
 for space in "$@"; do
   timeout -k 10 ${SEARCH_TIMEOUT:-400} python3 -m evoengineer search --space "$space" --budget "$budget" \
     --population ${POPULATION:-12} --generations ${GENERATIONS:-12} --seed ${SEED:-0} \

@@ -1,10 +1,12 @@
 #!/bin/bash
 # Issue 17, on the GPU host from the repository root: the GA on the fp16 space (budget 400, population 24, seed 0),
-# resumable: the store lives in $GA_DB (copy it back into the tree between calls), then the landscape CSV.
+# resumable: the store lives in $GA_DB (default .device_state/: carry it between calls, copied to $OUT after each),
+# then the landscape CSV.
 # GA_TAG names the outputs (v2: the space before PAIR_LOADS / WINDOW_STAGES; v3: with path 5).
 source experiments/scripts/device_env.sh || exit 1
 tag=${GA_TAG:-v2}
-db=${GA_DB:-experiments/msda/results/issue17/ga_fp16_$tag.db}
+db=${GA_DB:-.device_state/ga_fp16_$tag.db}
+mkdir -p "$(dirname "$db")"
 cmd=search; [ -f "$db" ] && cmd=resume
 if [ $cmd = search ]; then
   timeout ${GA_S:-520} python3 -m evoengineer search --space cuda_msda_fp16 --budget 400 --population 24 --seed 0 \

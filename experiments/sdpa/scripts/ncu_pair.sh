@@ -1,7 +1,7 @@
-# On the GPU host, called by the issue-35 scripts (device_env.sh sourced): ncu of one Hopper-family kernel and cuDNN's
+# On the GPU host, called by scripts/grid.sh (device_env.sh sourced): ncu of one Hopper-family kernel and cuDNN's
 # SDPA kernel on the same inputs (ncu_pair.py), with the sections and metrics the README's comparisons read. The
 # report goes to OUT_FILE; its summary lines go to stdout.
-#   bash experiments/sdpa/scripts/ncu_pair.sh OUT_FILE --elite elite.json[:SHAPE] --shape B,H,S[,causal] [...]
+#   bash experiments/sdpa/scripts/ncu_pair.sh OUT_FILE --kernel FILE:TABLE/NAME --shape B,H,S[,causal] [...]
 out=${1:?OUT_FILE first, then the arguments of ncu_pair.py}; shift
 timeout ${NCU_LIMIT:-240} ncu -k regex:sdpa -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section SchedulerStats --section WarpStateStats --section Occupancy \

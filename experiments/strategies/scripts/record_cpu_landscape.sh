@@ -15,4 +15,4 @@ for i in 1 2 3; do
   passes+=("$work/pass$i.csv")
 done
 python3 experiments/strategies/merge_landscapes.py --space cpu_msda \
-  --out experiments/strategies/results/landscape_cpu_msda.csv "${passes[@]}"
+  --out experiments/data/strategies/landscape_cpu_msda.csv "${passes[@]}"
