@@ -180,7 +180,9 @@ def _retiming(elites: list[Any], run_status: str, note: str, records: list[Any] 
     infos = [e.metrics.get("retime") for e in elites]
     if infos and all(isinstance(i, dict) and "p50_us" in i for i in infos):
         first = infos[0]
-        out = {"ranked_by": "re-timed p50", **{k: first[k] for k in _SESSION_KEYS if k in first},
+        out = {"ranked_by": "re-timed p50", "ties": "finalists within the noise of each other (retiming.tied) take "
+               "their ranks in the order of their hashes, a fixed key: the same finalists give the same elites",
+               **{k: first[k] for k in _SESSION_KEYS if k in first},
                "flagged": sum(1 for i in infos if i.get("flag"))}
         if records is not None:
             session = [r.metrics["retime"] for r in records if isinstance(r.metrics.get("retime"), dict)
@@ -285,7 +287,7 @@ def _timing(e: Any) -> dict[str, Any]:
     if isinstance(info, dict) and "p50_us" in info:
         out["retimed"] = {k: info[k] for k in ("p50_us", "p10_us", "p90_us", "p99_us", "median_ci95_us", "ratio",
                                                "round_cv", "baseline_p50_us",
-                                               "tolerance", "flag", "calls") if k in info}
+                                               "tolerance", "flag", "calls", "tied_with") if k in info}
     return out
 
 
@@ -449,7 +451,8 @@ def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         verdict = e.get("sanitizer") or m.get("sanitizer") or {}
         rt = e.get("retimed") or m.get("retime") or {}
         search = _num(m.get("search_time_us")) + (" !" if rt.get("flag") else "") if "search_time_us" in m else "-"
-        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
+        rank = str(e.get("rank")) + ("=" if rt.get("tied_with") else "")
+        rows.append((rank, _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
                      search, _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")),
                      str(e.get("hash", ""))[:12], " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
     return rows
@@ -473,6 +476,9 @@ def table_notes(elites: list[dict[str, Any]]) -> list[str]:
              "candidate's timing during the search"
              + ("" if all(retimed) else "; a row without a search p50 was not re-timed (its p50 is the search's)")]
     tol = max((r.get("tolerance") or 0.0 for r in rts), default=0.0)
+    if any(r.get("tied_with") for r in rts):
+        notes.append("=: tied within the noise with a faster finalist (retimed.tied_with): placed by its hash, a fixed "
+                     "key, so the same finalists give the same order")
     if any(r.get("flag") for r in rts):
         notes.append(f"!: the re-timing and the search's timing disagree by more than the machine's noise allows "
                      f"(+-{tol:.0%})")

@@ -29,6 +29,11 @@ TARGET_CI = 0.01
 #: the least budget a re-timing gets (a fresh worker's start alone takes seconds; short runs and fast GPU kernels,
 #: whose calls cost next to nothing, would otherwise be left two rounds)
 MIN_BUDGET_S = 15.0
+#: finalists whose re-timed medians lie closer than this share apart (or within twice their round-to-round spread, or
+#: whose 95% intervals overlap) are tied: on one machine, fresh processes move a kernel's median by up to ~0.5-1%
+#: (the search's and the re-timing's medians of the same kernels: 0.992-1.003 on an H200), so two kernels' medians
+#: move apart by up to twice that from one run to the next
+MIN_TIE = 0.02
 
 
 @dataclass
@@ -162,3 +167,36 @@ def summarize(first_us: float, rounds: list[list[float]], noise_cv: float | None
             "median_ci95_us": [_quantile(boots, 0.025), _quantile(boots, 0.975)], "rounds": len(rounds),
             "calls": len(calls), "round_cv": round_cv, "noise_cv": noise_cv, "tolerance": tol,
             "first_us": first_us, "ratio": ratio, "flag": flag}
+
+
+def tied(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two finalists' re-timings (`summarize` results, a at most as fast as b) cannot be told apart: their
+    95% median intervals overlap, or their medians lie within max(MIN_TIE, 2 x either's round-to-round CV) of each
+    other."""
+    lo_a, hi_a = a.get("median_ci95_us") or (a["p50_us"], a["p50_us"])
+    lo_b, hi_b = b.get("median_ci95_us") or (b["p50_us"], b["p50_us"])
+    if lo_b <= hi_a and lo_a <= hi_b:
+        return True
+    # the candidates' own round-to-round spread; not the machine's drift, which round-robin rounds share
+    noise = max(MIN_TIE, *(2 * (x.get("round_cv") or 0.0) for x in (a, b)))
+    fast, slow = sorted((a["p50_us"], b["p50_us"]))
+    return fast > 0 and (slow - fast) / fast <= noise
+
+
+def stable_order(finalists: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, list[str]]]:
+    """The finalists (key -> re-timing) ranked so that the same finalists on the same machine come out in the same
+    order although their medians move within the noise from run to run: at each rank, the fastest remaining and every
+    finalist tied with it (`tied`) compete, and the smallest key among them (a candidate's hash: fixed) takes the
+    rank. Also returns, for each finalist placed ahead of a faster one it was tied with, those it was tied with."""
+    rest = sorted(finalists, key=lambda k: (finalists[k]["p50_us"], k))
+    order: list[str] = []
+    ties: dict[str, list[str]] = {}
+    while rest:
+        lead = rest[0]
+        group = [k for k in rest if k == lead or tied(finalists[lead], finalists[k])]
+        pick = min(group)
+        if pick != lead:
+            ties[pick] = sorted(k for k in group if k != pick)
+        order.append(pick)
+        rest.remove(pick)
+    return order, ties

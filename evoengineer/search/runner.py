@@ -186,9 +186,14 @@ class Runner:
                 return list(proposed)
             for rec in recs:
                 self._store_retime(rec, rt, session)
-        ranked = sorted((r for r in recs if r.status == Status.OK and "p50_us" in r.metrics["retime"]),
-                        key=lambda r: (r.metrics["retime"]["p50_us"], r.hash))
-        return [r.hash for r in ranked]
+        timed = {r.hash: r.metrics["retime"] for r in recs if r.status == Status.OK and "p50_us" in r.metrics["retime"]}
+        order, ties = retiming.stable_order(timed)
+        for h, others in ties.items():  # said in elite.json: this rank was decided by the fixed key, not the time
+            rec = self.records[h]
+            if rec.metrics["retime"].get("tied_with") != others:
+                rec.metrics = {**rec.metrics, "retime": {**rec.metrics["retime"], "tied_with": others}}
+                self.store.update_verdict(self.run.id, h, status=rec.status, reason=rec.reason, metrics=rec.metrics)
+        return order
 
     def _finalists(self, proposed: Sequence[str]) -> list[str]:
         """The hashes `retimed` re-times: the proposed elites, then the next fastest timed candidates,
