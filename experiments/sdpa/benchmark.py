@@ -375,6 +375,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
+    if (a.config or a.table) and not a.grid:
+        ap.error("--config and --table are for --grid")
     if a.grid:
         if bool(a.config) != bool(a.table):
             ap.error("--config and --table go together")

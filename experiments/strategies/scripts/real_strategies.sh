@@ -4,7 +4,7 @@
 # Budget 24 each, one store for all runs; the Optuna run is SIGKILLed after 8 stored evaluations and resumed.
 # Everything under $OUT: the store (strategies.db), elite files, logs. The HTML report is made from the store:
 #   python -m evoengineer report --db sqlite:///$OUT/strategies.db --out report
-#   OUT=/tmp/out SPACE=cpu_msda bash experiments/strategies/scripts/gpu_strategies.sh
+#   OUT=/tmp/out SPACE=cpu_msda bash experiments/strategies/scripts/real_strategies.sh
 set -u
 if command -v nvidia-smi >/dev/null 2>&1 && [ -d .whl ]; then source experiments/scripts/device_env.sh || exit 1; fi
 SPACE=${SPACE:-sdpa_fp16_d64}
