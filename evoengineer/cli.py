@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="elite.json", help="elite.json path (default elite.json)")
     s.add_argument("--strategy", default="ga", help="ga (default), surrogate, random, grid or optuna")
     s.add_argument("--sampler", help="with --strategy optuna: tpe (default), cmaes, gp, nsga2, random or qmc")
+    s.add_argument("--no-warm-start", action="store_true",
+                   help="start cold: do not seed the first proposals with the best configurations that earlier runs "
+                        "in the store found for the same family and template")
     s.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy option (repeatable), e.g. --option cxpb=0.8 for the GA; stored with the run "
                         "(the options and defaults: python -m evoengineer options)")
@@ -224,7 +227,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                         sampler=a.sampler,
                         force=a.force, quiet=a.quiet, build_jobs=a.build_jobs or None, cache_dir=a.cache_dir,
                         cluster=_cluster_options(a), seed=a.seed, population=a.population,
-                        generations=a.generations, elite=a.elite, budget=a.budget, options=a.option)
+                        generations=a.generations, elite=a.elite, budget=a.budget, options=a.option,
+                        warm_start=not a.no_warm_start)
 
 
 def cmd_check(a: argparse.Namespace) -> int:

@@ -48,6 +48,9 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         "strategy": run.config.get("strategy", "ga"),
         **({"sampler": run.config["sampler"]} if run.config.get("sampler") else {}),
         "evaluator": run.config.get("evaluator", {}),
+        # the first proposals, taken from earlier runs of the store (search/warm_start.py)
+        "warm_start": {"runs": list((run.config.get("warm_start") or {}).get("runs", [])),
+                       "seeds": len((run.config.get("warm_start") or {}).get("seeds", []))},
         "run_status": run_status,
         "generation": generation,
         "evaluations": evaluations,
@@ -451,8 +454,7 @@ def elite_rows(elites: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         verdict = e.get("sanitizer") or m.get("sanitizer") or {}
         rt = e.get("retimed") or m.get("retime") or {}
         search = _num(m.get("search_time_us")) + (" !" if rt.get("flag") else "") if "search_time_us" in m else "-"
-        rank = str(e.get("rank")) + ("=" if rt.get("tied_with") else "")
-        rows.append((rank, _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
+        rows.append((str(e.get("rank")), _num(m.get("time_us")), _num(m.get("time_p90_us")), _num(m.get("speedup")),
                      search, _num(m.get("max_abs_err"), ".1e"), str(verdict.get("status", "-")),
                      str(e.get("hash", ""))[:12], " ".join(f"{k}={v}" for k, v in e.get("params", {}).items())))
     return rows
@@ -476,9 +478,11 @@ def table_notes(elites: list[dict[str, Any]]) -> list[str]:
              "candidate's timing during the search"
              + ("" if all(retimed) else "; a row without a search p50 was not re-timed (its p50 is the search's)")]
     tol = max((r.get("tolerance") or 0.0 for r in rts), default=0.0)
-    if any(r.get("tied_with") for r in rts):
-        notes.append("=: tied within the noise with a faster finalist (retimed.tied_with): placed by its hash, a fixed "
-                     "key, so the same finalists give the same order")
+    tied = [str(e.get("rank")) for e, r in zip(elites, rts) if r.get("tied_with")]
+    if tied:
+        notes.append(f"note: rank{'s' if len(tied) > 1 else ''} {', '.join(tied)} tied within the noise with a faster "
+                     "finalist (retimed.tied_with) and placed by hash, a fixed key: the same finalists give the same "
+                     "order")
     if any(r.get("flag") for r in rts):
         notes.append(f"!: the re-timing and the search's timing disagree by more than the machine's noise allows "
                      f"(+-{tol:.0%})")

@@ -29,6 +29,7 @@ from evoengineer.search.optuna_search import make_sampler
 from evoengineer.search.progress import ProgressPrinter
 from evoengineer.search import options as strategy_options
 from evoengineer.search.runner import DEFAULTS, LeaseLost, Runner, SearchSettings
+from evoengineer.search.warm_start import default_limit, find_seeds
 from evoengineer.space.spec import SearchSpace, load_space
 
 
@@ -147,8 +148,10 @@ def start_search(*, space_path: str | Path, db: str = DEFAULT_URL, out: str = "e
 def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, out: str = "elite.json",
                 landscape: str | None = None, strategy: str = "ga", force: bool = False, quiet: bool = False,
                 build_jobs: int | None = None, cache_dir: str | None = None, cluster: ClusterOptions | None = None,
-                variant: dict[str, Any] | None = None, **settings: Any) -> int:
-    """start_search of a loaded space (one variant's, with `variant` recorded in the run's options)."""
+                variant: dict[str, Any] | None = None, warm_start: bool = True, **settings: Any) -> int:
+    """start_search of a loaded space (one variant's, with `variant` recorded in the run's options). `warm_start`:
+    the first proposals are the best configurations earlier runs of the store found for this family and template
+    (search/warm_start.py)."""
     s = settings_from(space, strategy, **settings)
     if s.strategy == "optuna":
         make_sampler(s.sampler, seed=s.seed, population=s.population)  # a missing optional package fails here
@@ -174,6 +177,8 @@ def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, 
             _size_for_cluster(s, space, evaluator.slots, quiet)
         fingerprint = {**machine_fingerprint(), **evaluator.fingerprint(), "template_sha256": template_sha256(space)}
         store = open_store(db, create=True)
+        if warm_start and STRATEGIES[s.strategy].accepts_seeds:
+            s.warm_start = find_seeds(store, space, gpu=fingerprint.get("gpu"), limit=default_limit(s.population))
         config = {**s.to_dict(), "evaluator": evaluator.describe(), "out": str(Path(out).resolve())}
         if variant is not None:
             config["variant"] = variant
@@ -193,6 +198,11 @@ def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, 
             else ""
         print(f"run {run_id}: space {space.name} ({space.count_valid()} valid configurations), "
               f"strategy {what}, evaluator {evaluator.kind}{where}, store {db}", file=sys.stderr)
+        if s.warm_start.get("seeds"):
+            runs = ", ".join(str(r) for r in s.warm_start["runs"])
+            print(f"warm start: the first {len(s.warm_start['seeds'])} proposals are the best configurations of "
+                  f"run{'s' if len(s.warm_start['runs']) > 1 else ''} {runs} (same family and template; "
+                  "--no-warm-start turns this off)", file=sys.stderr)
     return _execute(store, run, space, evaluator, s, Path(out), quiet=quiet, token=token)
 
 
@@ -254,7 +264,7 @@ def _resume(store: Store, run: RunInfo, token: str, quiet: bool, from_scratch: b
                         "resuming would mix kernels (start a new search)")
     cfg = run.config
     s = SearchSettings(**{k: cfg[k] for k in ("strategy", "population", "generations", "elite", "budget", "seed")},
-                       sampler=cfg.get("sampler"))
+                       sampler=cfg.get("sampler"), warm_start=dict(cfg.get("warm_start") or {}))
     if s.strategy not in STRATEGIES:
         raise UserError(f"--run {run.id}: strategy {s.strategy!r} is not available in this installation")
     try:  # the options it was started with (a run of an older version has none: the defaults)

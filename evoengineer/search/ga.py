@@ -188,7 +188,7 @@ class GeneticSearch(Strategy):
 
     def __init__(self, runner: Runner, params: GAParams | None = None):
         super().__init__(runner)
-        self.params = params or build_options(GAParams, self.settings.options)
+        self.params = params or build_options(GAParams, getattr(self.settings, "options", None) or {})
         self.rng = random.Random(self.settings.seed)
         self.toolbox = make_toolbox(self.space, self.params, self.rng)
         self.population: list[Genome] = []  # members, oldest first (results told)

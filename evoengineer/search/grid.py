@@ -10,6 +10,7 @@ from evoengineer.search.strategy import Genome, InOrder
 
 class GridSearch(InOrder):
     name = "grid"
+    accepts_seeds = False  # every configuration in a fixed order: nothing to start from
 
     def order(self) -> list[Genome]:
         return self.space.valid_genomes()

@@ -79,6 +79,7 @@ class OptunaSearch(Strategy):
     """Ask a new valid configuration, tell each result as it arrives."""
 
     name = "optuna"
+    accepts_seeds = False  # its sampler tells only trials it asked for
 
     def __init__(self, runner: Runner):
         super().__init__(runner)

@@ -62,9 +62,11 @@ class SearchSettings:
     seed: int = DEFAULTS["seed"]
     sampler: str | None = None  # --strategy optuna only
     options: dict[str, Any] = field(default_factory=dict)  # the strategy's options (search/options.py), checked
+    #: {"runs": [...], "seeds": [params, ...]}: the first proposals, from earlier runs (search/warm_start.py)
+    warm_start: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "options": dict(self.options)}
+        return {**self.__dict__, "options": dict(self.options), "warm_start": dict(self.warm_start)}
 
     @property
     def max_evaluations(self) -> int:

@@ -26,6 +26,8 @@ class Strategy:
     name = "abstract"
     #: the strategy's options as one dataclass (its fields: names, types, defaults; search/options.py), or None
     params_cls: type | None = None
+    #: takes a warm start's configurations as its first proposals (search/warm_start.py)
+    accepts_seeds = True
 
     def __init__(self, runner: "Runner"):
         self.runner = runner  # for the space, the settings and hashing; never the store
@@ -33,6 +35,8 @@ class Strategy:
         self.settings = runner.settings
         self.told: dict[Genome, "CandidateRecord"] = {}  # in the order the results arrived
         self.pending: set[Genome] = set()
+        seeds = (getattr(self.settings, "warm_start", None) or {}).get("seeds", []) if self.accepts_seeds else []
+        self.seeds: list[Genome] = [tuple(self.space.params_to_genome(dict(p))) for p in seeds]
 
     # ---- the contract -------------------------------------------------------------------------------------------
     def propose(self) -> Genome | None:
@@ -51,6 +55,11 @@ class Strategy:
 
     # ---- used by the loop ---------------------------------------------------------------------------------------
     def ask(self) -> Genome | None:
+        while self.seeds:  # a warm start's configurations first, then the strategy's own
+            g = self.seeds.pop(0)
+            if not self.seen(g):
+                self.pending.add(g)
+                return g
         g = self.propose()
         if g is not None:
             g = tuple(g)

@@ -110,7 +110,7 @@ class SurrogateSearch(Strategy):
 
     def __init__(self, runner: Runner, params: SurrogateParams | None = None):
         super().__init__(runner)
-        self.params = params or build_options(SurrogateParams, self.settings.options)
+        self.params = params or build_options(SurrogateParams, getattr(self.settings, "options", None) or {})
         self.batches = 0  # batches made (each one's RNG is its own)
         self._queue: list[tuple[int, ...]] = []
         self.encode = GenomeEncoder(self.space)
