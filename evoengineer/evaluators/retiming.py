@@ -172,13 +172,15 @@ def summarize(first_us: float, rounds: list[list[float]], noise_cv: float | None
 def tied(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two finalists' re-timings (`summarize` results, a at most as fast as b) cannot be told apart: their
     95% median intervals overlap, or their medians lie within max(MIN_TIE, 2 x either's round-to-round CV) of each
-    other."""
+    other (no MIN_TIE in a replay: its re-timing is the recorded times)."""
     lo_a, hi_a = a.get("median_ci95_us") or (a["p50_us"], a["p50_us"])
     lo_b, hi_b = b.get("median_ci95_us") or (b["p50_us"], b["p50_us"])
     if lo_b <= hi_a and lo_a <= hi_b:
         return True
-    # the candidates' own round-to-round spread; not the machine's drift, which round-robin rounds share
-    noise = max(MIN_TIE, *(2 * (x.get("round_cv") or 0.0) for x in (a, b)))
+    # the candidates' own round-to-round spread, not the machine's drift (round-robin rounds share it); MIN_TIE for
+    # what fresh processes add, except in a replay (its times are the landscape's recorded ones, exactly)
+    floor = 0.0 if a.get("replay") or b.get("replay") else MIN_TIE
+    noise = max(floor, *(2 * (x.get("round_cv") or 0.0) for x in (a, b)))
     fast, slow = sorted((a["p50_us"], b["p50_us"]))
     return fast > 0 and (slow - fast) / fast <= noise
 
