@@ -480,9 +480,9 @@ def table_notes(elites: list[dict[str, Any]]) -> list[str]:
     tol = max((r.get("tolerance") or 0.0 for r in rts), default=0.0)
     tied = [str(e.get("rank")) for e, r in zip(elites, rts) if r.get("tied_with")]
     if tied:
-        notes.append(f"note: rank{'s' if len(tied) > 1 else ''} {', '.join(tied)} tied within the noise with a faster "
-                     "finalist (retimed.tied_with) and placed by hash, a fixed key: the same finalists give the same "
-                     "order")
+        notes.append(f"note: rank{'s' if len(tied) > 1 else ''} {', '.join(tied)} placed by hash ahead of faster "
+                     "finalists tied with them within the noise (retimed.tied_with): a fixed key, so the same "
+                     "finalists give the same order")
     if any(r.get("flag") for r in rts):
         notes.append(f"!: the re-timing and the search's timing disagree by more than the machine's noise allows "
                      f"(+-{tol:.0%})")
