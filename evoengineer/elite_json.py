@@ -32,6 +32,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
     common = {"space": space.name, "template": space.template, "run_id": run.id, "fingerprint": run.fingerprint,
               "build": build_record(space, run)}
     ranks = {e.hash: i for i, e in enumerate(elites, start=1)}
+    warm = run.config.get("warm_start") or {}
     per_shape = {} if shape_elites is None else {"shape_elites": [
         _shape_entry(name, spec, r, ranks.get(r.hash), run_status, common) for name, spec, r in shape_elites]}
     return {
@@ -49,8 +50,7 @@ def build_document(*, run: Any, space: Any, elites: list[Any], generation: int, 
         **({"sampler": run.config["sampler"]} if run.config.get("sampler") else {}),
         "evaluator": run.config.get("evaluator", {}),
         # the first proposals, taken from earlier runs of the store (search/warm_start.py)
-        "warm_start": {"runs": list((run.config.get("warm_start") or {}).get("runs", [])),
-                       "seeds": len((run.config.get("warm_start") or {}).get("seeds", []))},
+        "warm_start": {"runs": list(warm.get("runs", [])), "seeds": len(warm.get("seeds", []))},
         "run_status": run_status,
         "generation": generation,
         "evaluations": evaluations,

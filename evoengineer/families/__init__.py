@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer.errors import UserError
-from evoengineer.registry import ENTRY_POINT_GROUP, SHIPPED, installed, known
+from evoengineer.registry import ENTRY_POINT_GROUP, SHIPPED, family_file, installed, is_file_ref, known
 
 __all__ = ["ENTRY_POINT_GROUP", "SHIPPED", "installed", "known", "family_class", "find_family", "check_version",
            "get_task", "op_adapter_for", "family_source_file", "family_source_sha256"]
@@ -59,24 +59,10 @@ def _from_module(ref: str, where: str) -> type:
 
 
 def _from_file(ref: str, base_dir: Path | None, where: str) -> type:
-    file_part, _, cls_name = ref.rpartition(":")
+    cls_name = ref.rpartition(":")[2]
     if not _CLASS.fullmatch(cls_name):
         raise UserError(f"{where}: {ref!r}: expected family.py:Class")
-    if base_dir is None:
-        raise UserError(f"{where}: {ref!r}: a family file is found next to a space file; this space has none")
-    rel = Path(file_part)
-    inside = f"a family file must lie inside the space file's folder ({base_dir})"
-    if rel.is_absolute() or file_part.startswith("~"):
-        raise UserError(f"{where}: {ref!r} is an absolute path; {inside}")
-    if ".." in rel.parts:
-        raise UserError(f"{where}: {ref!r} climbs out of its folder with '..'; {inside}")
-    root = base_dir.resolve()
-    path = root / rel
-    if not path.is_file():
-        raise UserError(f"{where}: {ref!r}: {path} not found")
-    real = path.resolve()
-    if not real.is_relative_to(root):
-        raise UserError(f"{where}: {ref!r} is {path}, which resolves to {real}, outside {root} (a symlink?); {inside}")
+    real = family_file(ref, base_dir, where)
     # one module per file (by its real path): the search, its worker processes and export see the same classes
     name = "evoengineer_family_" + hashlib.sha256(str(real).encode()).hexdigest()[:16]
     module = sys.modules.get(name)
@@ -102,10 +88,7 @@ def family_class(ref: str, *, base_dir: Path | None = None, where: str = "task")
     if not isinstance(ref, str) or not ref:
         raise UserError(f"{where}: expected a family name, module:Class or family.py:Class")
     if ":" in ref:
-        file_part = ref.rpartition(":")[0]
-        if file_part.endswith(".py") or "/" in file_part or "\\" in file_part:
-            return _from_file(ref, base_dir, where)
-        return _from_module(ref, where)
+        return _from_file(ref, base_dir, where) if is_file_ref(ref) else _from_module(ref, where)
     return find_family(ref, where=where)
 
 
@@ -146,8 +129,10 @@ def family_source_file(cls: type) -> Path:
 
 def family_source_sha256(cls: type) -> str:
     """The sha256 of the file that defines the family class (what elite.json records beside name and version)."""
+    from evoengineer.candidate import sha256_text
+
     try:
-        return hashlib.sha256(family_source_file(cls).read_text().encode()).hexdigest()
+        return sha256_text(family_source_file(cls).read_text())
     except (OSError, TypeError, UnicodeDecodeError):
         return ""
 

@@ -296,11 +296,7 @@ def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[
                    "with_cuda": cuda}
             code = ("import json, sys\nfrom torch.utils import cpp_extension\n"
                     "cpp_extension.load(**json.loads(sys.argv[1]), is_python_module=False, verbose=False)\n")
-            env = dict(os.environ)
-            if cuda and os.environ.get("TORCH_CUDA_ARCH_LIST"):
-                env["TORCH_CUDA_ARCH_LIST"] = os.environ["TORCH_CUDA_ARCH_LIST"]
-            r = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True,
-                               env=env)
+            r = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True)
             if r.returncode != 0 or not so.exists():
                 tail = (r.stderr or r.stdout).strip().splitlines()[-20:]
                 raise RuntimeError(f"the family binding of this kernel failed to build ({out}):\n" + "\n".join(tail))
