@@ -188,7 +188,7 @@ def stored_count(db: Path) -> int:
         return 0
 
 
-def planted_cheats(folder: Path, cache: Path, cheats, **genes):
+def planted_cheats(folder: Path, cache: Path, cheats, space_file: str = "cheats_space.toml", **genes):
     """(evaluator, honest candidate, {cheat: candidate}) of a planted-cheats family copied to `folder` (from
     tests/data/<folder's name>), every build made first (a build beside a CPU measurement is noise). Genes other
     than CHEAT are `genes`; the caller closes the evaluator."""
@@ -197,7 +197,7 @@ def planted_cheats(folder: Path, cache: Path, cheats, **genes):
     from evoengineer.space import load_space
 
     shutil.copytree(DATA / folder.name, folder)
-    space = load_space(folder / "cheats_space.toml")
+    space = load_space(folder / space_file)
     f = CandidateFactory(space)
     ev = LocalEvaluator(space, cache_dir=cache, build_jobs=2)
     honest = f.make({"CHEAT": "none", **genes})

@@ -35,7 +35,7 @@ def test_gpu_cheats_are_named_and_the_honest_kernel_after_each_keeps_its_time(ch
     before = ev.evaluate(honest)
     assert before.status == "ok", before
     shape = before.metrics["shapes"]["timed"]
-    assert shape["graph_us"] > 0 and shape["offstream_s"] < 1e-3 and len(shape["novel_ratio"]) == 3
+    assert shape["graph_us"] > 0 and "offstream_s" not in shape and len(shape["novel_ratio"]) == 3
     for cheat, (statuses, words) in CHEATS.items():
         m = ev.evaluate(planted[cheat])
         print(f"{cheat}: {m.status}: {m.reason}")
@@ -46,6 +46,26 @@ def test_gpu_cheats_are_named_and_the_honest_kernel_after_each_keeps_its_time(ch
         print(f"  honest kernel after it: {after.time_us:.2f} us against {before.time_us:.2f} us before ({ratio:.3f})")
         assert 0.8 < ratio < 1.25, (cheat, before.time_us, after.time_us)
     assert "persisting" in ev.evaluate(planted["persist_l2"]).reason
+
+
+def test_gpu_side_stream_is_found_without_graphs(tmp_path, build_cache):
+    """A family that allows no CUDA graphs: the burst of back-to-back calls looks for work left on another stream."""
+    from conftest import planted_cheats
+
+    ev, honest, planted = planted_cheats(tmp_path / "cheats_cuda", build_cache, ["side_stream"],
+                                         space_file="cheats_space_nographs.toml", THREADS=256)
+    try:
+        m = ev.evaluate(honest)
+        assert m.status == "ok", m
+        shape = m.metrics["shapes"]["timed"]
+        assert "graph_us" not in shape and shape["offstream_s"] < 1e-3
+        m = ev.evaluate(planted["side_stream"])
+        print(f"side_stream without graphs: {m.status}: {m.reason}")
+        # the late output shows first in whichever check looks first: fingerprints, repeated runs, or the burst
+        words = (*CHEATS["side_stream"][1], "differ bitwise")
+        assert m.status in CHEATS["side_stream"][0] and any(w in m.reason for w in words), m
+    finally:
+        ev.close()
 
 
 def test_the_guard_undoes_persisting_l2_and_limits():

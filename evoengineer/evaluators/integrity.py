@@ -81,6 +81,10 @@ class Guarded:
         self.buf[:self.guard].copy_(self.front)
         self.buf[self.guard + self.nbytes:].copy_(self.back)
 
+    def changed(self) -> torch.Tensor:
+        """A 0-d bool tensor on the device, True if either canary changed (no host sync: callers gather many)."""
+        return (self.buf[:self.guard] != self.front).any() | (self.buf[self.guard + self.nbytes:] != self.back).any()
+
     def damage(self, what: str) -> str | None:
         """None if both canaries are intact; else how far outside `what` the furthest changed byte lies."""
         g, n = self.guard, self.nbytes
@@ -96,6 +100,13 @@ class Guarded:
             return (f"wrote before {what} by {_elements(k)} (up to {_bytes(g - first)} ahead of its start; a write more "
                     f"than {g} bytes past the end of another tensor can land there too)")
         return None
+
+
+def any_true(flags: list[torch.Tensor]) -> bool:
+    """Whether any of these 0-d bool tensors is True, read back in one transfer (one sync on a GPU)."""
+    if not flags:
+        return False
+    return bool(torch.stack(flags).any())
 
 
 def _elements(k: int) -> str:
@@ -140,7 +151,11 @@ class ProtectedInputs(Mapping[str, Any]):
         return {k: self._pristine.get(k, v) for k, v in self._live.items()}
 
     def verify(self) -> str | None:
-        """None if every input and its canaries are as made; else what changed (first problem found)."""
+        """None if every input and its canaries are as made; else what changed (first problem found). One host
+        sync when nothing changed: the comparisons are gathered on the device and read back together."""
+        if not any_true([g.changed() for g in self._guarded.values()] +
+                        [(as_bits(g.tensor) != as_bits(self._pristine[n])).any() for n, g in self._guarded.items()]):
+            return None
         for name, g in self._guarded.items():
             bad = g.damage(f"input {name}")
             if bad:

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 import torch
 
-from evoengineer.evaluators.integrity import Guarded, checksum
+from evoengineer.evaluators.integrity import Guarded, any_true, checksum
 
 
 def parts(value: Any) -> dict[str, torch.Tensor]:
@@ -90,7 +90,10 @@ class GuardedOutputs:
         return self.value
 
     def damage(self) -> str | None:
-        """None if every guard band is intact; else which output was written past, and how far."""
+        """None if every guard band is intact; else which output was written past, and how far. One host sync
+        when nothing changed."""
+        if not any_true([g.changed() for g in self.guarded.values()]):
+            return None
         for k, g in self.guarded.items():
             bad = g.damage("output" if self.single else f"output {k}")
             if bad:

@@ -254,7 +254,9 @@ class EvoKernel {
   }
   std::shared_ptr<const EvoCubin> cubin_;  // keeps the module loaded while a kernel of it may launch
   CUfunction f_ = nullptr;
-  int raised_to_ = 48 * 1024;
+  // Nothing raised yet: without the opt-in, dynamic plus static shared memory must stay within 48 KB, so a kernel
+  // with some static shared memory and exactly 48 KB dynamic fits nowhere (occupancy 0). Any dynamic size opts in.
+  int raised_to_ = 0;
   int cached_blocks_ = 0, cached_bytes_ = -1;
 };
 

@@ -31,3 +31,10 @@ class CheatingMap(Family):
 
     def min_bytes(self, shape):
         return 8 * shape.n
+
+
+class CheatingMapNoGraphs(CheatingMap):
+    """The same map in a family that allows no CUDA graphs: work left on another stream is looked for by a burst of
+    back-to-back calls instead of a graph's capture."""
+
+    cuda_graphs = False
