@@ -1,0 +1,23 @@
+# On a GPU host with two GPUs, one call: what the integrity checks cost (the default search alone on GPU 0, cost.py
+# --quick: the worker's phases and the honesty phase by check), then two GPU test lists side by side, one per GPU
+# (TESTS0 and TESTS1; each pytest SIGINTed at LIMIT seconds so it still prints its summary). Carry .whl.
+#   TESTS0="tests/test_gpu_integrity.py ..." TESTS1="tests/test_gpu_device_only.py ..." LIMIT=420 \
+#     bash experiments/integrity/scripts/two_gpus.sh [BUDGET]
+source experiments/scripts/device_env.sh || exit 1
+export EVOENGINEER_CACHE=$PWD/.evo_cache
+nvidia-smi -L | tee "$OUT/tools.log"
+if [ -n "${1:-}" ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT -k 20 ${COST_LIMIT:-150} python3 experiments/integrity/cost.py --quick \
+    --budget "$1" --work /tmp/evo-cost --json "$OUT/cost_quick.json" > "$OUT/cost.log" 2>&1
+  tail -3 "$OUT/cost.log"
+fi
+run() {  # GPU, tests, log
+  CUDA_VISIBLE_DEVICES=$1 timeout -s INT -k 20 ${LIMIT:-420} python3 -m pytest -q -s -rfs --tb=short --durations=10 \
+    $2 > "$OUT/$3" 2>&1
+}
+run 0 "${TESTS0:-}" gpu0_tests.log &
+[ -n "${TESTS1:-}" ] && run 1 "$TESTS1" gpu1_tests.log &
+wait
+for f in gpu0_tests.log gpu1_tests.log; do
+  [ -f "$OUT/$f" ] && { echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$f" | tail -12; }
+done
