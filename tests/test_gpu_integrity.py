@@ -125,3 +125,17 @@ def test_a_slow_host_adds_nothing_to_a_timed_call():
     turned = time_callable(late_after_warmup, device="cuda", warmup=5, repeats=40, numbered=True)
     assert turned["p50"] < 1.3 * quick["p50"] + 5 and turned["host_late"] == 0, (quick, turned)
 
+
+
+def test_any_true_over_cpu_and_device_flags():
+    """An input set may hold CPU tensors beside the device's: their flags are read per device (one stack of mixed
+    devices fails, which stopped every SDPA worker's start once)."""
+    from evoengineer.evaluators.integrity import ProtectedInputs, any_true
+
+    f, t = torch.tensor(False), torch.tensor(True)
+    assert any_true([f, f.cuda()]) is False
+    assert any_true([f, t.cuda()]) is True and any_true([t, f.cuda()]) is True
+    inputs = ProtectedInputs({"x": torch.ones(8, device="cuda"), "sizes": torch.arange(3)}, torch.Generator())
+    assert inputs.verify() is None
+    inputs["sizes"][0] = 7
+    assert "modified input sizes" in inputs.verify()

@@ -382,3 +382,11 @@ def test_timed_calls_are_numbered_as_the_hooks_see_them():
     assert out["n"] == 3
     plain = time_callable(lambda: None, device="cpu", warmup=1, repeats=2)  # not numbered: called without it
     assert plain["n"] == 2
+
+
+def test_any_true_reads_each_devices_flags():
+    from evoengineer.evaluators.integrity import any_true
+
+    assert any_true([]) is False
+    assert any_true([torch.tensor(False), torch.tensor(False)]) is False
+    assert any_true([torch.tensor(False), torch.tensor(True)]) is True

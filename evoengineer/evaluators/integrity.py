@@ -103,10 +103,16 @@ class Guarded:
 
 
 def any_true(flags: list[torch.Tensor]) -> bool:
-    """Whether any of these 0-d bool tensors is True, read back in one transfer (one sync on a GPU)."""
-    if not flags:
-        return False
-    return bool(torch.stack(flags).any())
+    """Whether any of these 0-d bool tensors is True, read back in one transfer per device (one sync on a GPU). An
+    input set may hold tensors on the CPU beside the device's (sizes, scales): each device's flags are gathered on
+    that device, the CPU's first (no sync)."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for f in flags:
+        by_device.setdefault(f.device, []).append(f)
+    for device in sorted(by_device, key=lambda d: d.type != "cpu"):
+        if bool(torch.stack(by_device[device]).any()):
+            return True
+    return False
 
 
 def _elements(k: int) -> str:
