@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,7 @@ def test_a_paged_space_needs_page_sizes(tmp_path: Path):
     from evoengineer.errors import UserError
 
     text = (SPACES_DIR / "decode_fp16_d128_paged.toml").read_text()
+    shutil.copy(SPACES_DIR / "decode_fp16_d128.toml", tmp_path)  # the space it extends
     (tmp_path / "a.toml").write_text(text.replace("page_size = 64\n", ""))
     (tmp_path / "b.toml").write_text(text.replace('KV_LAYOUT = "paged"', 'KV_LAYOUT = "blocked"'))
     (tmp_path / "c.toml").write_text(text.replace("page_size = 64", "page_size = 48"))

@@ -65,7 +65,9 @@ def test_real_ptxas_report_and_compile_error(tmp_path: Path):
 def cuda_spaces() -> list[Path]:
     from evoengineer import SPACES_DIR
 
-    return sorted(p for p in SPACES_DIR.glob("*.toml") if 'backend = "cuda"' in p.read_text())
+    from evoengineer.space import load_space
+
+    return sorted(p for p in SPACES_DIR.glob("*.toml") if load_space(p).target.device_compiler)
 
 
 def _gate_genome(space, params: dict, path: Path) -> dict:

@@ -104,6 +104,10 @@ class SearchSpace:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{where}: malformed TOML: {exc}") from None
+        if "extends" in data:  # the merged document and its text (what a run stores: no base file needed again)
+            from evoengineer.space import extends
+
+            data, text = extends.resolve(data, Path(path) if path is not None else None, where)
         return _parse(data, text, Path(path) if path is not None else None, where, check_valid)
 
     # ---- signature variants --------------------------------------------------------------------------------------
