@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import sqlite3
 from pathlib import Path
@@ -42,6 +44,7 @@ def test_binding_once_and_candidate_cache(faults_dir: Path, build_cache: Path):
     assert again._pool is None, "a cached build must not even start a builder process"
 
 
+@pytest.mark.slow
 def test_default_search_on_cpu_then_cached_rebuild(tmp_path: Path, build_cache: Path, monkeypatch, capsys):
     """`search` with no --space on a machine without a GPU runs the CPU MSDA space for real."""
     monkeypatch.chdir(tmp_path)

@@ -36,6 +36,7 @@ def cheats(tmp_path_factory, build_cache):
     ev.close()
 
 
+@pytest.mark.slow
 def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheats):
     ev, honest, planted = cheats
     assert ev.evaluate(honest).status == "ok"  # a fresh worker's first candidate: its team and caches warm up

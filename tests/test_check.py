@@ -59,6 +59,7 @@ def test_check_compiles_and_gates_a_cuda_space_without_a_gpu(tmp_path: Path, bui
     assert "gate_failed" in out and "> max_registers 8" in out
 
 
+@pytest.mark.slow
 def test_check_goes_through_every_signature_variant(tmp_path: Path, build_cache: Path, capsys):
     data = Path(__file__).resolve().parent / "data" / "variants"
     assert main(["check", "--space", str(data / "variants.toml"), "--genomes", "1", "--cache-dir",

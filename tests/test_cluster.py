@@ -547,6 +547,7 @@ def test_a_lost_scheduler_stops_the_search_with_one_line_and_resume_completes(to
 
 
 # ---- real builds and measurements through a local cluster (CPU) ---------------------------------------------------
+@pytest.mark.slow
 def test_real_builds_and_planted_faults_through_a_local_cluster(faults_dir: Path, build_cache: Path, monkeypatch):
     """The faults family's first five configurations (grid order): built on the cluster's build worker, measured by
     two simulated GPU workers in the isolated, replaceable measuring subprocess: a hang is a timeout, a crash a

@@ -38,6 +38,7 @@ def _evaluate(space, params: list[dict], build_cache: Path) -> list:
     return [got[tuple(sorted(p.items()))] for p in params]
 
 
+@pytest.mark.slow
 def test_split_kernel_is_right_and_a_read_past_the_lengths_is_caught(tmp_path: Path, build_cache: Path):
     split, whole, fault = _evaluate(_space(tmp_path), [{"SPLIT_KEYS": 64, "FAULT": "none"},
                                                        {"SPLIT_KEYS": 100000, "FAULT": "none"},
@@ -172,6 +173,7 @@ def test_paged_binding_validates_its_arguments(tmp_path: Path, build_cache: Path
         flat.forward(q, k, v, ks, vs, lens, bt, out, 0.125)
 
 
+@pytest.mark.slow
 def test_paged_op_exported(tmp_path: Path, build_cache: Path):
     """The paged op from a search's elite.json (evoengineer.load): right through the block table, eager and under
     torch.compile, refusals naming the argument, the reference fallback and gradients through the gathered caches."""

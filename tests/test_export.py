@@ -124,6 +124,7 @@ def msda_package(msda_elite, tmp_path_factory):
         sys.path.remove(str(out))
 
 
+@pytest.mark.slow
 def test_exported_msda_matches_the_reference_on_held_out_shapes(msda_package):
     mod, out = msda_package
     assert {p.name for p in out.iterdir()} == {"pyproject.toml", "README.md", mod.__name__}
@@ -361,6 +362,7 @@ def _export_and_import(elite: Path, out: Path):
         sys.path.remove(str(out))
 
 
+@pytest.mark.slow
 def test_exported_sdpa(sdpa_elite, tmp_path):
     mod = _export_and_import(sdpa_elite, tmp_path / "pkg")
     sdpa = mod.scaled_dot_product_attention
@@ -406,6 +408,7 @@ def _decode_want(q, k, v, lens):
     return out
 
 
+@pytest.mark.slow
 def test_exported_decode(decode_elite, tmp_path):
     from evoengineer.families.decode.task import DecodeShape, make_inputs
 
@@ -467,6 +470,7 @@ def test_cli_runs_in_a_folder_holding_elite_store(tmp_path):
     assert r.returncode == 0 and "cpu_msda" in r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_non_editable_install_in_a_fresh_venv(tmp_path, build_cache_session):
     """`pip install .` (not -e) into a fresh virtual environment: spaces, a budget-4 search from an empty folder
     with ./elite_store/ present, export and load all work from the installed copy."""

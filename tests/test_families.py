@@ -82,6 +82,7 @@ def _check_function(fn, compiled: bool = True) -> None:
         fn(x[0], 0.6)
 
 
+@pytest.mark.slow
 def test_family_in_a_folder_search_kill_resume_export_load(tmp_path: Path, build_cache: Path,
                                                            monkeypatch: pytest.MonkeyPatch):
     """Random proposals (the same for a seed whatever was measured): a run killed after 3 evaluations and resumed

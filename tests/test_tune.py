@@ -35,6 +35,7 @@ extern "C" int evo_accumulate(const float* x, float* acc, int64_t n, void* strea
 """
 
 
+@pytest.mark.slow
 def test_tune_a_kernel_in_one_call_then_reuse_its_run(tmp_path: Path, build_cache: Path):
     x = torch.randn(4, 33)
     kw = dict(entry="evo_scale", args={"x": x, "alpha": 0.5}, outputs={"out": x},
@@ -56,6 +57,7 @@ def test_tune_a_kernel_in_one_call_then_reuse_its_run(tmp_path: Path, build_cach
     assert not changed.reused and changed.elites[0]["params"] == {"VEC": 2, "WRONG": False}
 
 
+@pytest.mark.slow
 def test_tune_with_named_sizes_more_shapes_and_an_inout(tmp_path: Path, build_cache: Path):
     x, acc = torch.randn(100), torch.randn(100)
     tuned = evoengineer.tune(ACCUMULATE, entry="evo_accumulate", args={"x": x, "acc": acc}, outputs={},
@@ -96,6 +98,7 @@ extern "C" int evo_two(const float* x, float* twice, float* square, void* stream
 """
 
 
+@pytest.mark.slow
 def test_two_outputs_return_a_tuple_and_differentiate_through_the_reference(tmp_path: Path, build_cache: Path):
     x = torch.randn(24)
     tuned = evoengineer.tune(TWO, entry="evo_two", args={"x": x}, outputs={"twice": x, "square": x},

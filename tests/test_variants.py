@@ -61,6 +61,7 @@ def test_variant_lists_become_concrete_spaces(tmp_path: Path):
                                   tmp_path / "v.toml")
 
 
+@pytest.mark.slow
 def test_one_command_searches_every_variant_and_one_op_dispatches(tmp_path: Path, build_cache: Path,
                                                                   monkeypatch: pytest.MonkeyPatch, capsys):
     d = tmp_path / "v"
