@@ -43,6 +43,8 @@ def test_each_cheat_is_named_and_the_honest_kernel_after_it_keeps_its_time(cheat
     firsts = [ev.evaluate(honest) for _ in range(2)]
     assert all(b.status == "ok" for b in firsts), firsts
     assert {"state", "sentinel", "honesty"} <= set(firsts[0].metrics["worker_s"])
+    shape = next(iter(firsts[0].metrics["shapes"].values()))  # what the new-input check did and cost
+    assert shape["novel_rounds"] in (1, 2) and shape["novel_late"] == 0 and shape["novel_s"] > 0
     before = min(b.time_us for b in firsts)  # the honest kernel's time right before the next cheat
     for cheat, (status, words) in CHEATS.items():
         # the timing-based verdicts (memo_content: calls on new inputs slower) can miss under a loaded machine's

@@ -118,6 +118,7 @@ class Session:
                       for e in self.task.entries if e.time}
         self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self._novel_rounds = 0  # second-round new-input sets made so far (each round's seeds are its own)
+        self._novel_trace: dict[str, int] | None = None  # the new-input check of the shape being checked
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
         self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
@@ -480,8 +481,12 @@ class Session:
             eager = per_shape[name]["p50"]
             m: dict[str, Any] = found.setdefault(name, {})
             t0 = time.perf_counter()
+            self._novel_trace = {"rounds": 0, "late": 0}
             m["novel_ratio"] = self._novel_inputs(module, name, sets, per_shape[name]["p90"])
             m["novel_s"] = round(time.perf_counter() - t0, 4)  # what each check costs (experiments/integrity)
+            # how the check went: passes of timed calls (a second one when the first looked slow) and the calls
+            # the host queued after their spin had ended (re-timed behind longer spins): what its cost is made of
+            m["novel_rounds"], m["novel_late"] = self._novel_trace["rounds"], self._novel_trace["late"]
             if self.task.device == "cuda":
                 # A graph check catches work left on another stream by itself (capture refuses an unjoined fork; a
                 # kernel that forks only outside capture replays slower than its eager time), so the burst of
@@ -558,9 +563,14 @@ class Session:
         bad = None
         try:
             self.task.launch(module, sets[0].inputs, seen_out)  # back to steady state after the timing loop's checks
-            samples = time_callable(call, device=self.task.device, warmup=0, repeats=len(calls),
-                                    flush_l2=bool(self.settings["l2_flush"]), before=before, numbered=True,
-                                    keep_samples=True)["samples"]
+            timed = time_callable(call, device=self.task.device, warmup=0, repeats=len(calls),
+                                  flush_l2=bool(self.settings["l2_flush"]), before=before, numbered=True,
+                                  keep_samples=True)
+            samples = timed["samples"]
+            trace = self._novel_trace
+            if trace is not None:
+                trace["rounds"] += 1
+                trace["late"] += int(timed.get("host_late", 0))
             self._sync()
             bad = next((b for b in (out.damage() for out in outs) if b), None)
         finally:
