@@ -118,7 +118,6 @@ class Session:
                       for e in self.task.entries if e.time}
         self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self._novel_rounds = 0  # second-round new-input sets made so far (each round's seeds are its own)
-        self._novel_trace: dict[str, int] | None = None  # the new-input check of the shape being checked
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
         self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
@@ -481,12 +480,8 @@ class Session:
             eager = per_shape[name]["p50"]
             m: dict[str, Any] = found.setdefault(name, {})
             t0 = time.perf_counter()
-            self._novel_trace = {"rounds": 0, "late": 0}
-            m["novel_ratio"] = self._novel_inputs(module, name, sets, per_shape[name]["p90"])
+            m.update(self._novel_inputs(module, name, sets, per_shape[name]["p90"]))
             m["novel_s"] = round(time.perf_counter() - t0, 4)  # what each check costs (experiments/integrity)
-            # how the check went: passes of timed calls (a second one when the first looked slow) and the calls
-            # the host queued after their spin had ended (re-timed behind longer spins): what its cost is made of
-            m["novel_rounds"], m["novel_late"] = self._novel_trace["rounds"], self._novel_trace["late"]
             if self.task.device == "cuda":
                 # A graph check catches work left on another stream by itself (capture refuses an unjoined fork; a
                 # kernel that forks only outside capture replays slower than its eager time), so the burst of
@@ -505,19 +500,23 @@ class Session:
                                "implausible")
         return found
 
-    def _novel_inputs(self, module: Any, name: str, sets: list[InputSet], seen_p90: float) -> list[float]:
+    def _novel_inputs(self, module: Any, name: str, sets: list[InputSet], seen_p90: float) -> dict[str, Any]:
         """Paired single calls: one on a timed set (inputs the candidate has seen many times) and one on a set it has
         not seen (other buffers, other contents), each with its inputs just read by the worker (both warm in cache:
         a first read from memory is not a cheat) and in alternating order. A candidate that returns work kept from
         earlier calls is fast only on the seen sets; an honest one takes about as long on both. Three calls in a row
         can still be slowed by the machine's load, so a first verdict is checked once more on sets made only then.
-        Returns the ratios new / seen."""
-        pairs = self._novel_pairs(module, name, sets, self.novel[name])
+        Returns the ratios new / seen (novel_ratio), and what the check's cost is made of: its passes of timed calls
+        (novel_rounds: 2 when the first looked slow) and the calls the host queued after their spin had ended, timed
+        again behind longer spins (novel_late)."""
+        pairs, late = self._novel_pairs(module, name, sets, self.novel[name])
+        rounds = 1
         if self._novel_slow(pairs, seen_p90):
             self._novel_rounds += 1
             again = [self._input_set(sets[0].entry, self._seed(name, 30_000 + 100 * self._novel_rounds + k),
                                      with_ref=False) for k in range(NOVEL_SETS)]
-            pairs = self._novel_pairs(module, name, sets, again)
+            pairs, late_again = self._novel_pairs(module, name, sets, again)
+            rounds, late = 2, late + late_again
             if self._novel_slow(pairs, seen_p90):
                 slack = NOVEL_SLACK_US[self.task.device]
                 t_new, t_seen = min(pairs, key=lambda p: p[0] / max(p[1], 1e-9))
@@ -525,7 +524,8 @@ class Session:
                                f"timed inputs it had seen, call after call on shape {name} (over {NOVEL_FACTOR:g}x + "
                                f"{slack:g} us in each of {len(pairs)} pairs, twice): work kept from earlier calls",
                                "implausible")
-        return [round(t_new / max(t_seen, 1e-9), 3) for t_new, t_seen in pairs]
+        return {"novel_ratio": [round(t_new / max(t_seen, 1e-9), 3) for t_new, t_seen in pairs],
+                "novel_rounds": rounds, "novel_late": late}
 
     def _novel_slow(self, pairs: list[tuple[float, float]], seen_p90: float) -> bool:
         """Every call on new inputs slower than both the seen calls and the timing loop's p90 allow."""
@@ -534,8 +534,9 @@ class Session:
         return all(t_new > NOVEL_FACTOR * bar + slack for t_new, _ in pairs)
 
     def _novel_pairs(self, module: Any, name: str, sets: list[InputSet],
-                     novel: list[InputSet]) -> list[tuple[float, float]]:
-        """(new, seen) microseconds per pair, the calls timed in one pass (one sync). Only this check hands the new
+                     novel: list[InputSet]) -> tuple[list[tuple[float, float]], int]:
+        """(new, seen) microseconds per pair, the calls timed in one pass (one sync), and how many of them were
+        timed again after a late host. Only this check hands the new
         sets to a candidate: it verifies them, and restores them for the next candidate."""
         from evoengineer.evaluators.timing import time_callable
 
@@ -567,10 +568,6 @@ class Session:
                                   flush_l2=bool(self.settings["l2_flush"]), before=before, numbered=True,
                                   keep_samples=True)
             samples = timed["samples"]
-            trace = self._novel_trace
-            if trace is not None:
-                trace["rounds"] += 1
-                trace["late"] += int(timed.get("host_late", 0))
             self._sync()
             bad = next((b for b in (out.damage() for out in outs) if b), None)
         finally:
@@ -581,7 +578,7 @@ class Session:
         pairs = {}
         for (_, _, k, is_new), t in zip(calls, samples):
             pairs.setdefault(k, [0.0, 0.0])[0 if is_new else 1] = t
-        return [(p[0], p[1]) for _, p in sorted(pairs.items())]
+        return [(p[0], p[1]) for _, p in sorted(pairs.items())], int(timed.get("host_late", 0))
 
     def _offstream(self, module: Any, name: str, sets: list[InputSet]) -> float:
         """Back-to-back calls, then: how long the device stayed busy after the candidate's stream had finished."""

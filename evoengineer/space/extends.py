@@ -19,11 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evoengineer.errors import UserError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from evoengineer.space.spec import read_space_text, tomllib
 
 MAX_DEPTH = 8
 
@@ -61,14 +57,9 @@ def _resolve(data: dict[str, Any], path: Path | None, where: str,
         raise UserError(f"{where}: extends: a circle: {' -> '.join(p.name for p in chain)} -> {real.name}")
     if len(chain) >= MAX_DEPTH:
         raise UserError(f"{where}: extends: more than {MAX_DEPTH} files deep")
-    try:
-        text = real.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{where}: extends: {ref!r} not found in {folder}") from None
-    except OSError as exc:
-        raise UserError(f"{where}: extends: cannot read {real}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{real}: malformed TOML: not UTF-8 text (byte {exc.start})") from None
+    if not real.exists():
+        raise UserError(f"{where}: extends: {ref!r} not found in {folder}")
+    text = read_space_text(real, f"{where}: extends: cannot read {real}")
     try:
         base_data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -101,12 +92,12 @@ def dumps(doc: dict[str, Any]) -> str:
     arrays = {k: v for k, v in doc.items() if _is_table_array(v)}
     for k, v in doc.items():
         if k not in tables and k not in arrays:
-            lines.append(f"{_key(k)} = {_value(v)}")
+            lines.append(f"{_key(k)} = {toml_value(v)}")
     for k, v in tables.items():
-        lines += ["", f"[{_key(k)}]"] + [f"{_key(a)} = {_value(b)}" for a, b in v.items()]
+        lines += ["", f"[{_key(k)}]"] + [f"{_key(a)} = {toml_value(b)}" for a, b in v.items()]
     for k, v in arrays.items():
         for item in v:
-            lines += ["", f"[[{_key(k)}]]"] + [f"{_key(a)} = {_value(b)}" for a, b in item.items()]
+            lines += ["", f"[[{_key(k)}]]"] + [f"{_key(a)} = {toml_value(b)}" for a, b in item.items()]
     text = "\n".join(lines) + "\n"
     if tomllib.loads(text) != doc:  # a value this writer cannot express (it would be a bug here, not the user's)
         raise UserError("space file: the merged space could not be written back as TOML")
@@ -125,7 +116,8 @@ def _string(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)  # JSON's escapes are TOML basic-string escapes
 
 
-def _value(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """One value as TOML (strings with JSON's escapes, which are TOML's)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -139,7 +131,7 @@ def _value(v: Any) -> str:
     if isinstance(v, str):
         return _string(v)
     if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(a)} = {_value(b)}" for a, b in v.items()) + " }"
+        return "{ " + ", ".join(f"{_key(a)} = {toml_value(b)}" for a, b in v.items()) + " }"
     raise UserError(f"space file: cannot write {type(v).__name__} values back as TOML")

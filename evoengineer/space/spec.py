@@ -320,13 +320,17 @@ def _holds(expr: Expression, env: dict[str, Value]) -> bool:
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a space file; every problem is a UserError naming the file and key."""
     path = Path(path)
+    return SearchSpace.from_text(read_space_text(path, f"{path}: cannot read space file"), path)
+
+
+def read_space_text(path: Path, cannot: str) -> str:
+    """A space file's text; a missing or unreadable file is a UserError starting with `cannot`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"{path}: cannot read space file: {exc.strerror or exc}") from None
+        raise UserError(f"{cannot}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: malformed TOML: not UTF-8 text (byte {exc.start})") from None
-    return SearchSpace.from_text(text, path)
 
 
 def resolve_space_arg(arg: str) -> Path:
@@ -547,17 +551,11 @@ def _array_end(text: str, start: int) -> int:
     return -1
 
 
-def _toml_scalar(v: Value) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(v)
-
-
 def _with_signature_values(text: str, values: dict[str, Value], where: str) -> str:
     """`text` with each [signature] list named in `values` replaced by that value, checked by parsing it back."""
     import re
+
+    from evoengineer.space.extends import toml_value
 
     header = re.search(r"^[ \t]*\[signature\][ \t]*(#.*)?$", text, re.M)
     if header is None:
@@ -574,7 +572,7 @@ def _with_signature_values(text: str, values: dict[str, Value], where: str) -> s
         stop = _array_end(out, start)
         if stop < 0:
             raise UserError(f"{where}: signature.{k}: unterminated list")
-        new = _toml_scalar(v)
+        new = toml_value(v)
         out = out[:start] + new + out[stop:]
         body_end += len(new) - (stop - start)
     try:

@@ -32,12 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def shipped_cuda_spaces() -> list[Path]:
     from evoengineer.space import load_space
+    from evoengineer.space.spec import shipped_spaces
 
-    out = []
-    for f in sorted((ROOT / "search_spaces").glob("*.toml")):
-        if load_space(f).target.device_compiler:
-            out.append(f)
-    return out
+    return [f for f in shipped_spaces() if load_space(f).target.device_compiler]
 
 
 def _ptx(job: dict, work: Path) -> str:
