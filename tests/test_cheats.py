@@ -88,8 +88,11 @@ def test_a_thread_left_running_replaces_the_worker_and_restorable_state_does_not
 def test_work_finished_by_a_thread_after_the_call_returned(cheats):
     ev, honest, planted = cheats
     m = ev.evaluate(planted["late_thread"])
-    assert m.status in ("wrong", "state_changed"), m
-    assert any(w in m.reason for w in ("NaN/Inf", "unwritten", "threads left running", "differ")), m.reason
+    # the thread writes into an output the worker may already have freed: caught by the check, or the worker's heap
+    # breaks and the worker dies with the candidate (a rejection too; the honest kernel after it gets a fresh worker)
+    assert m.status in ("wrong", "state_changed", "runtime_error"), m
+    assert any(w in m.reason for w in ("NaN/Inf", "unwritten", "threads left running", "differ", "worker killed")), \
+        m.reason
     assert ev.evaluate(honest).status == "ok"
 
 
