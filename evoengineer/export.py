@@ -5,6 +5,7 @@ for. The op itself is evoengineer/ops/runtime.py, copied into every package."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -201,12 +202,56 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
     (folder / "binding.cpp").write_text(fam.binding.text)
     for header in BINDING_HEADERS:
         shutil.copyfile(BINDING_INCLUDE / header, folder / header)
-    (folder / "shim.cpp").write_text(shim_source(name, cls.entry, cls.signature_text(build["signature"])))
+    signature = cls.signature_text(build["signature"])
+    (folder / "shim.cpp").write_text(shim_source(name, cls.entry, signature))
     kernel = {"hash": elite["hash"], "module": name, "source_file": f"kernel{suffix}", "rank": elite.get("rank"),
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
               "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]),
               "build": {**build, "task": cls.name, "family": {"name": cls.name, "version": str(cls.version)}}}
+    if build["backend"] == "cuda" and getattr(cls, "device_only", False):
+        cubin = write_cubin(folder, kernel, signature)
+        if cubin is not None:
+            kernel["cubin"] = cubin
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
+
+
+def write_cubin(folder: Path, kernel: dict[str, Any], signature: str) -> dict[str, Any] | None:
+    """The kernel's device code compiled to `kernel.cubin` in `folder` with the flags of the search's device-only
+    builds (the same cubin the search measured), and its record for kernel.json: the file, its arch and sha256, the
+    signature the family binding loads it with, and the flags that compile it again for another architecture
+    (`retarget`: not for architecture-specific code such as sm_90a). An unchanged kernel folder keeps its cubin
+    (`evoengineer.load` writes one each time). None when no nvcc is found: the package then compiles the kernel
+    with host code on first import, as before."""
+    from evoengineer.compiler.gate import compile_cuda
+    from evoengineer.compiler.steps import cubin_compile_flags, nvcc_path
+    from evoengineer.ops.device_code import CUBIN_FILE
+
+    build = kernel["build"]
+    flags = cubin_compile_flags({"cuda_cflags": [*build.get("cuda_flags", []), "-DEVO_WITH_CUDA"],
+                                 "arch": build["arch"]})
+    portable = [f for f in flags if not f.startswith(_TARGET_FLAGS)]
+    record = {"file": CUBIN_FILE, "arch": build["arch"], "signature": signature, "nvcc_flags": portable,
+              "retarget": not str(build["arch"])[-1].isalpha(), "flags": flags,
+              "source_sha256": kernel["source_sha256"]}
+    path = folder / CUBIN_FILE
+    try:
+        before = json.loads((folder / "kernel.json").read_text()).get("cubin") or {}
+    except (OSError, ValueError):
+        before = {}
+    if path.is_file() and {k: v for k, v in before.items() if k != "sha256"} == record \
+            and hashlib.sha256(path.read_bytes()).hexdigest() == before.get("sha256"):
+        return before
+    nvcc = nvcc_path() or shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    r = compile_cuda(folder / kernel["source_file"], path, flags=flags, nvcc=nvcc, device_only=True)
+    if r["status"] != "ok":
+        raise UserError(f"kernel {kernel['hash'][:12]}: its device code does not compile here: {r['reason']}")
+    return {**record, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+#: nvcc flags that name the target (left out of a cubin's flags for another architecture)
+_TARGET_FLAGS = ("-arch", "--gpu-architecture", "-code", "--gpu-code", "-gencode", "--generate-code")
 
 
 def _copy_op_files(cls: type, pkg: Path, family: str | None) -> tuple[str, str]:
@@ -216,7 +261,8 @@ def _copy_op_files(cls: type, pkg: Path, family: str | None) -> tuple[str, str]:
     `family` (--family) names it (a family file is copied into the package), and needs EvoEngineer."""
     import inspect
 
-    shutil.copyfile(OPS_DIR / "runtime.py", pkg / "runtime.py")
+    for f in ("runtime.py", "device_code.py"):
+        shutil.copyfile(OPS_DIR / f, pkg / f)
     shutil.copyfile(OPS_DIR.parent / "space" / "flags.py", pkg / "flags.py")  # the runtime checks build flags
     here = Path(inspect.getfile(cls)).resolve().parent
     if cls.op_module:
@@ -243,7 +289,8 @@ def _copy_op_files(cls: type, pkg: Path, family: str | None) -> tuple[str, str]:
 _INIT = '''"""{summary}
 
 Exported by EvoEngineer from {source_name} (rank {rank}, kernel {hash12}). Built on first import through
-torch.utils.cpp_extension (cached in $EVOENGINEER_EXPORT_CACHE, default ~/.cache/evoengineer/ops).
+torch.utils.cpp_extension, or with kernel.cubin only its family binding (cached in $EVOENGINEER_EXPORT_CACHE,
+default ~/.cache/evoengineer/ops).
 
     from {package} import {function}
 """
@@ -282,7 +329,7 @@ dependencies = [{dependencies}]
 packages = ["{package}"]
 
 [tool.setuptools.package-data]
-"{package}" = ["*.cu", "*.cpp", "*.h", "*.json"{data}]
+"{package}" = ["*.cu", "*.cpp", "*.h", "*.json", "*.cubin"{data}]
 '''
 
 _INIT_PER_SHAPE = '''"""{summary}
@@ -406,6 +453,10 @@ def export(path: str | Path, out: str | Path, *, rank: int = 1, force: bool = Fa
             data=', "kernel-*/*"' if per_shape else ""))
         compiles = "Each kernel compiles when a call first needs it" if per_shape else \
             "The kernel compiles on first import"
+        if any(pkg.rglob("kernel.cubin")):
+            compiles = ("The kernel's device code comes compiled (kernel.cubin, for "
+                        f"{e['build']['arch']}; for another GPU it is compiled again, device code only): on first "
+                        "import only the family's launcher compiles, once per toolchain")
         (tmp / "README.md").write_text(
             f"# {package}\n\n{summary}.\n\n```python\nfrom {package} import {function}\n```\n\n"
             f"`pip install .` here, or put this folder on PYTHONPATH. {compiles} "

@@ -16,7 +16,7 @@ CUDA_EXAMPLE = ROOT / "examples" / "families" / "rmsnorm_cuda"
 
 
 def _nvcc() -> bool:
-    from evoengineer.compiler.steps import _nvcc as found
+    from evoengineer.compiler.steps import nvcc_path as found
 
     return found() is not None or shutil.which("nvcc") is not None
 

@@ -133,6 +133,46 @@ def test_exported_cuda_msda(tmp_path: Path, build_cache: Path, monkeypatch):
         bad = make_inputs(MSDAShape("d", N=1, Lq=3, M=2, D=32, P=8, levels=((4, 4), (2, 2), (1, 1), (1, 1))), 1,
                           dtype=torch.float16, device="cuda")
         fn(*(bad[k] for k in INPUT_KEYS))
+    _imports_without_a_compiler(tmp_path, mod)
+
+
+def _imports_without_a_compiler(tmp_path: Path, mod) -> None:
+    """The package carries its cubin (issue 52): loaded through the family binding, nothing of the kernel
+    compiled. A fresh process with no compiler reachable (PATH holds only Python's folder, no CUDA_HOME; the
+    binding is cached) imports it and gets the right answer, on every GPU of the host; the time from import to the
+    first call's result is printed (the target lives in experiments/scale, not here)."""
+    import os
+    import subprocess
+
+    from evoengineer.ops.device_code import PerDeviceModule
+
+    folder = Path(mod.__file__).parent
+    assert (folder / "kernel.cubin").is_file() and isinstance(mod.kernel.module, PerDeviceModule)
+    code = f"""
+import sys, time
+import torch
+from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape, make_inputs, reference
+sys.path.insert(0, {str(folder.parent)!r})
+t0 = time.perf_counter()
+import {folder.name} as pkg
+for d in range(torch.cuda.device_count()):
+    inputs = make_inputs(MSDAShape("a", N=2, Lq=50, M=8, D=32, P=4, levels=((20, 30), (10, 15), (5, 8), (3, 4))),
+                         d, dtype=torch.float16, device=f"cuda:{{d}}")
+    got = pkg.ms_deform_attn(*(inputs[k] for k in INPUT_KEYS))
+    torch.cuda.synchronize(d)
+    if d == 0:
+        print(f"first call {{time.perf_counter() - t0:.2f}} s after import")
+    assert got.device.index == d, got.device
+    err = got.double() - reference(inputs, dtype=torch.float64)
+    assert err.abs().max() < 4e-3, (d, err.abs().max())
+print("devices", torch.cuda.device_count())
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env["PATH"] = str(Path(sys.executable).parent)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(r.stdout)
 
 
 def test_exported_cuda_sdpa(tmp_path: Path, build_cache: Path, monkeypatch):

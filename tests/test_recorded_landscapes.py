@@ -4,6 +4,7 @@ frozen space whose template had gained genes stopped rendering, and its study no
 from __future__ import annotations
 
 import csv
+import functools
 from pathlib import Path
 
 import pytest
@@ -26,15 +27,19 @@ def _parameter_columns(path: Path) -> set[str]:
 def _spaces_for(path: Path) -> list:
     """The space files whose parameters are exactly the landscape's parameter columns."""
     columns = _parameter_columns(path)
-    found = []
+    return [space for space in _all_spaces() if set(space.names) == columns]
+
+
+@functools.cache
+def _all_spaces() -> tuple:
+    """Every space file that loads, loaded once for all landscapes (a load enumerates the valid set)."""
+    spaces = []
     for p in SPACE_FILES:
         try:
-            space = load_space(p)
+            spaces.append(load_space(p))
         except Exception:  # not a space file (or one that fails: reported by the space tests)
             continue
-        if set(space.names) == columns:
-            found.append(space)
-    return found
+    return tuple(spaces)
 
 
 def test_recorded_landscapes_are_found():

@@ -145,7 +145,7 @@ def cuda_compile_flags(job: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _nvcc() -> str | None:
+def nvcc_path() -> str | None:
     from torch.utils import cpp_extension
 
     home = getattr(cpp_extension, "CUDA_HOME", None)
@@ -274,7 +274,7 @@ def _compile_gated(job: dict[str, Any], kernel: Path, out: Path, t0: float, *,
     from evoengineer.compiler.gate import check_gates, compile_cuda
 
     flags = cubin_compile_flags(job) if device_only else cuda_compile_flags(job)
-    compiled = compile_cuda(kernel, out, flags=flags, nvcc=_nvcc(), device_only=device_only)
+    compiled = compile_cuda(kernel, out, flags=flags, nvcc=nvcc_path(), device_only=device_only)
     if compiled["status"] != "ok":
         return {**compiled, "build_s": time.perf_counter() - t0}, {}
     metrics = {**compiled["report"], "compile_cpu_s": round(compiled["compile_cpu_s"], 3)}

@@ -3,8 +3,10 @@
 
 A kernel folder holds `kernel.json` (the elite: hash, params, metrics, and `build`: family, signature constants,
 backend, arch, flags, and for a declared family its call as data), the recorded kernel source, the binding with its
-header, and the shim naming the module. `KernelOp` compiles them into one extension through
-torch.utils.cpp_extension (cached by content in the build folder) and hands it to the family's `OpAdapter`, which
+header, and the shim naming the module; a CUDA kernel of a family whose binding launches device code also its
+cubin (device_code.py). `KernelOp` compiles them into one extension through torch.utils.cpp_extension (cached by
+content in the build folder), or loads the cubin through the family binding (built once, cached) with no compile of
+the kernel, and hands the module to the family's `OpAdapter`, which
 registers `torch.library` custom ops with fake (meta) implementations, so torch.compile(fullgraph=True) and CUDA graph
 capture work, and gives the user-facing function. `DeclaredOp` is the adapter of a family that declares its call
 (evoengineer.family.Signature): ``function(*inputs, *scalars) -> output`` in declared order, with the family's
@@ -41,9 +43,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-try:  # an exported package carries its own copy of the flag whitelist
+try:  # an exported package carries its own copies of the flag whitelist and the device-code loader
+    from . import device_code
     from .flags import ARCH, flag_problem
 except ImportError:
+    from evoengineer.ops import device_code
     from evoengineer.space.flags import ARCH, flag_problem
 
 #: dtype names of signatures and declared calls
@@ -241,6 +245,15 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
                           sort_keys=True).encode()
     binding = _build_binding(folder, root, flags, cuda_flags, cuda, settings)
+    if cuda and kernel.get("cubin") and os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0":
+        # device code exported as a cubin: the family binding loads it, nothing of the kernel is compiled here
+        def load(device: int) -> Any:
+            cubin = device_code.cubin_for(folder, kernel, root, device_code.device_arch(device))
+            return device_code.load_cubin(binding, cubin, kernel, device)
+
+        module = device_code.PerDeviceModule(load, torch.cuda.current_device())
+        _loaded()[name] = module
+        return module
     sources = [folder / kernel["source_file"], folder / "shim.cpp"]
     digest = hashlib.sha256()
     for p in sources:
