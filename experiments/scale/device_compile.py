@@ -7,8 +7,10 @@ or of this process (NVRTC, in-process):
 - `today`: `nvcc -c -Xptxas -v` with the flags a build uses (host and device: cudafe++ and the host compiler over the
   CUDA runtime headers, torch's include folders on the path), the one step that is 92-94% of a build;
 - `cubin`: `nvcc -cubin -Xptxas -v` of the same source with the space's device flags only;
-- `nvrtc` (`--nvrtc LIB`, MSDA only): NVRTC of the device code (the host launch code cut off at its marker, the
-  runtime header replaced by what NVRTC provides), in this process.
+- `nvrtc` (`--nvrtc LIB`): NVRTC of the same source, in this process: the templates keep their host code and
+  headers from NVRTC (`#ifndef __CUDACC_RTC__`; templates/cuda/common/rtc_prelude.cuh.j2 gives the device code what
+  nvcc's headers would); `--nvrtc-pch` also with NVRTC's automatic precompiled headers (`-pch`: the first compile of
+  the process builds them, the later ones load them; the median leaves the first out).
 
 Also checks that the device-only compile's ptxas report (registers, spills, shared memory) equals today's: the static
 gate can read it instead.
@@ -37,9 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "experiments" / "scale" / "results"
-SPACES = "cuda_msda_fp16,sdpa_hopper_fp16_d128,decode_fp8kv_d128_paged"
-#: where the MSDA template's host launch code starts (what NVRTC cannot compile)
-MSDA_HOST_MARKER = "// Launch preparation of one kernel"
+SPACES = "cuda_msda_fp16,sdpa_fp16_d64,sdpa_hopper_fp16_d128,decode_fp8kv_d128_paged"
 
 
 def nvcc_cpu(cmd: list[str], cwd: Path) -> tuple[float, str, int]:
@@ -91,17 +91,18 @@ class Nvrtc:
         return cpu, rc == 0, log.value.decode(errors="replace")
 
 
-def msda_device_only(source: str) -> str:
-    head, found, _ = source.partition(MSDA_HOST_MARKER)
-    if not found:
-        raise ValueError("host marker not found")
-    # NVRTC has no C++ standard library headers: libcu++'s, under std (measurement only)
-    head = head.replace("#include <cuda_runtime.h>", "#include <cuda_fp16.h>\n#include <cuda_bf16.h>")
-    head = head.replace("#include <cstdint>", "#include <cuda/std/cstdint>")
-    head = head.replace("#include <type_traits>",
-                        "#include <cuda/std/type_traits>\nnamespace std { using namespace cuda::std; }")
-    # the namespace the host part would have closed
-    return head + "\n}  // namespace evo_msda\n"
+def nvrtc_options(cubin_flags: list[str], arch: str) -> list[str]:
+    """NVRTC's options for the device flags of an nvcc -cubin build: the target, defines, line info, fast math and
+    register caps carried over; -O3 (a host flag) and --expt-relaxed-constexpr (NVRTC: -default-device, unannotated
+    constexpr helpers become device functions) replaced; the ptxas report asked for as nvcc's -Xptxas -v does."""
+    opts = [f"-arch={arch}", "-default-device", "--ptxas-options=-v"]
+    for f in cubin_flags:
+        if f.startswith(("-D", "-U", "-std=", "--std=", "-lineinfo", "--use_fast_math", "-use_fast_math",
+                         "-maxrregcount", "--maxrregcount")):
+            opts.append(f)
+    if not any(o.startswith(("-std=", "--std=")) for o in opts):
+        opts.append("-std=c++17")
+    return opts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spaces", default=SPACES)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--nvrtc", help="libnvrtc.so to measure NVRTC with (MSDA only)")
+    ap.add_argument("--nvrtc", help="libnvrtc.so to measure NVRTC with")
     ap.add_argument("--nvrtc-pch", action="store_true", help="NVRTC with its automatic precompiled headers (-pch)")
     ap.add_argument("--cuda-include", help="the CUDA toolkit's include folder (for NVRTC; default: found)")
     ap.add_argument("--tag", default="")
@@ -156,15 +157,16 @@ def main(argv: list[str] | None = None) -> int:
 
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
             got = list(pool.map(lambda kc: one(*kc), enumerate(cands)))
-        if rtc and space.template.endswith("msda.cu.j2"):
-            opts = ["-std=c++17", f"--gpu-architecture={space.arch}", "-default-device", "-DEVO_WITH_CUDA",
-                    *[f for f in space.cuda_flags if f.startswith(("-lineinfo", "--use_fast_math", "-D"))],
-                    *(["-pch"] if a.nvrtc_pch else [])]
+        if rtc:  # in this process, one genome after another (NVRTC's precompiled headers live per process)
+            opts = nvrtc_options(dev, space.arch)
             for row, c in zip(got, cands):
-                cpu, ok, log = rtc.compile(msda_device_only(c.source), opts)
-                row["nvrtc_cpu_s"], row["nvrtc_ok"] = round(cpu, 3), ok
-                if not ok:
-                    row["nvrtc_log"] = log[-400:]
+                for key, extra in (("nvrtc", []), *((("nvrtc_pch", ["-pch"]),) if a.nvrtc_pch else ())):
+                    cpu, ok, log = rtc.compile(c.source, [*opts, *extra])
+                    row[f"{key}_cpu_s"], row[f"{key}_ok"] = round(cpu, 3), ok
+                    if ok:
+                        row[f"{key}_same_report"] = report(log) == row.get("report")
+                    else:
+                        row[f"{key}_log"] = log[-400:]
         rows += got
         for r in got:
             print(json.dumps(r), flush=True)
@@ -178,22 +180,30 @@ def main(argv: list[str] | None = None) -> int:
              "cubin_cpu_s": round(statistics.median(r["cubin_cpu_s"] for r in rs), 3),
              "today_over_cubin": round(statistics.median(r["today_cpu_s"] / r["cubin_cpu_s"] for r in rs), 2),
              "same_report": sum(1 for r in rs if r.get("same_report")), }
-        nv = [r for r in rs if r.get("nvrtc_ok")]
-        if nv:
-            s["nvrtc_cpu_s"] = round(statistics.median(r["nvrtc_cpu_s"] for r in nv), 3)
-            s["nvrtc_over_cubin"] = round(statistics.median(r["nvrtc_cpu_s"] / r["cubin_cpu_s"] for r in nv), 2)
-            s["nvrtc_ok"] = len(nv)
+        for key in ("nvrtc", "nvrtc_pch"):
+            nv = [r for r in rs if r.get(f"{key}_ok")]
+            if nv:
+                later = nv[1:] if key == "nvrtc_pch" and len(nv) > 1 else nv  # the first builds the PCH
+                s[f"{key}_cpu_s"] = round(statistics.median(r[f"{key}_cpu_s"] for r in later), 3)
+                s[f"{key}_over_cubin"] = round(statistics.median(r[f"{key}_cpu_s"] / r["cubin_cpu_s"] for r in later),
+                                               2)
+                s[f"{key}_ok"] = len(nv)
+                s[f"{key}_same_report"] = sum(1 for r in nv if r.get(f"{key}_same_report"))
         summary.append(s)
     tag = f"_{a.tag}" if a.tag else ""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"device_compile{tag}.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1)
                                                        + "\n")
-    lines = ["| space | genomes | today (nvcc -c) CPU s | nvcc -cubin CPU s | today / cubin | NVRTC CPU s | "
-             "NVRTC / cubin | same ptxas report |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| space | genomes | today (nvcc -c) CPU s | nvcc -cubin CPU s | today / cubin | NVRTC CPU s (/ cubin) | "
+             "NVRTC -pch CPU s (/ cubin) | same ptxas report: cubin, NVRTC, NVRTC -pch |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in summary:
+        rtc_cells = [f"{s[k + '_cpu_s']} ({s[k + '_over_cubin']}x)" if k + "_cpu_s" in s else "-"
+                     for k in ("nvrtc", "nvrtc_pch")]
+        same = [f"{s['same_report']}/{s['genomes']}",
+                *(f"{s[k + '_same_report']}/{s[k + '_ok']}" if k + "_ok" in s else "-" for k in ("nvrtc", "nvrtc_pch"))]
         lines.append(f"| {s['space']} | {s['genomes']} | {s['today_cpu_s']} | {s['cubin_cpu_s']} | "
-                     f"{s['today_over_cubin']} | {s.get('nvrtc_cpu_s', '-')} | {s.get('nvrtc_over_cubin', '-')} | "
-                     f"{s['same_report']}/{s['genomes']} |")
+                     f"{s['today_over_cubin']} | {rtc_cells[0]} | {rtc_cells[1]} | {', '.join(same)} |")
     (RESULTS / f"device_compile{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -41,7 +41,7 @@ def _ptx(job: dict, work: Path) -> str:
     """The PTX of a candidate's device code (the search's device flags, without line info, for the space's virtual
     architecture), with comment, file and line directives dropped. The same PTX is the same SASS: ptxas is
     deterministic."""
-    from evoengineer.compiler.steps import _nvcc, cubin_compile_flags
+    from evoengineer.compiler.steps import cubin_compile_flags, nvcc_path
 
     arch = re.sub(r"^sm_", "compute_", job["arch"])
     flags = [f for f in cubin_compile_flags(job) if f != "-lineinfo" and not f.startswith(
@@ -49,7 +49,7 @@ def _ptx(job: dict, work: Path) -> str:
     work.mkdir(parents=True, exist_ok=True)
     src, out = work / "kernel.cu", work / "kernel.ptx"
     src.write_text(job["source"])
-    p = subprocess.run([_nvcc() or "nvcc", "-ptx", f"-arch={arch}", *flags, str(src), "-o", str(out)],
+    p = subprocess.run([nvcc_path() or "nvcc", "-ptx", f"-arch={arch}", *flags, str(src), "-o", str(out)],
                        capture_output=True, text=True)
     if p.returncode != 0:
         return "compile_error: " + next((ln for ln in (p.stdout + p.stderr).splitlines() if "error" in ln),
