@@ -68,6 +68,16 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+
+def binding_flags(flags: list[str] | None) -> list[str] | None:
+    """The build flags a family binding is compiled with: those that can change what its headers declare (defines,
+    include folders, the language standard); not the kernel's optimization, target or OpenMP flags. One binding then
+    serves every space of a family and signature, whatever its kernels' flags (it is the slow compile: torch's
+    headers)."""
+    if flags is None:
+        return None
+    return [f for f in flags if f.startswith(("-D", "-U", "-I", "-isystem", "-std=", "--std="))]
+
 class Builder(QueuedBuilds):
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""
 
@@ -122,8 +132,8 @@ class Builder(QueuedBuilds):
         if self._binding_key_memo is None:
             headers = {h.name: h.read_text() for h in sorted(BINDING_INCLUDE.glob("*.h"))}
             self._binding_key_memo = _sha({"source": self._binding().text, "headers": headers,
-                                           "toolchain": self.toolchain, "cflags": self.cflags,
-                                           "cuda": self.cuda_cflags, "backend": self.space.backend})[:20]
+                                           "toolchain": self.toolchain, "cflags": binding_flags(self.cflags),
+                                           "cuda": binding_flags(self.cuda_cflags), "backend": self.space.backend})[:20]
         return self._binding_key_memo
 
     def key(self, candidate: Candidate) -> str:
@@ -189,7 +199,7 @@ class Builder(QueuedBuilds):
         name = f"evo_binding_{key}"
         return {"name": name, "dir": str(self.cache_dir / "bindings" / name), "source_text": self._binding().text,
                 "include": str(BINDING_INCLUDE), "session": self.session,
-                "cflags": self.cflags, "cuda_cflags": self.cuda_cflags, "ldflags": self.ldflags,
+                "cflags": binding_flags(self.cflags), "cuda_cflags": binding_flags(self.cuda_cflags),
                 "arch": self.space.arch, "with_cuda": self.space.target.device_compiler}
 
     def _find_binding(self) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     cuda_flags = (list(build.get("cuda_flags", [])) + ["-DEVO_WITH_CUDA"]) if cuda else None
     settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
                           sort_keys=True).encode()
-    binding = _build_binding(folder, root, flags, cuda_flags, cuda, settings)
+    binding = _build_binding(folder, root, flags, cuda_flags, cuda)
     if cuda and kernel.get("cubin") and os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0":
         # device code exported as a cubin: the family binding loads it, nothing of the kernel is compiled here
         def load(device: int) -> Any:
@@ -280,11 +280,17 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     return module
 
 
-def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[str] | None, cuda: bool,
-                   settings: bytes) -> Path:
+def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[str] | None, cuda: bool) -> Path:
     """The family binding of an exported kernel as a shared library, built once per binding source, headers, build
     settings and torch (under `root`/bindings, shared by every exported kernel of that family and signature): the
     compile that parses torch's headers is paid once, not per op. Returns the library's path."""
+    # what can change the binding's headers (defines, includes, standard), not the kernel's optimization flags:
+    # one binding for every kernel of a family and signature (compiler/builder.py: binding_flags)
+    keep = ("-D", "-U", "-I", "-isystem", "-std=", "--std=")
+    flags = [f for f in flags if f.startswith(keep)]
+    cuda_flags = None if cuda_flags is None else [f for f in cuda_flags if f.startswith(keep)]
+    settings = json.dumps({"flags": flags, "cuda_flags": cuda_flags, "backend": "cuda" if cuda else "cpu"},
+                          sort_keys=True).encode()
     files = [folder / "binding.cpp"] + [folder / h for h in BINDING_HEADERS
                                         if h == BINDING_HEADERS[0] or (folder / h).exists()]
     digest = hashlib.sha256()
