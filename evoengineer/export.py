@@ -190,8 +190,9 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
     """The files KernelOp builds from: kernel.json, the recorded source, the family's binding (its own, or generated
     from its signature) with its header, the shim."""
     from evoengineer.compiler.builder import BINDING_INCLUDE
-    from evoengineer.ops.runtime import BINDING_HEADERS
     from evoengineer.compiler.steps import shim_source
+    from evoengineer.family import launched
+    from evoengineer.ops.runtime import BINDING_HEADERS
 
     build = elite["build"]
     fam = family_instance(cls, build)
@@ -208,18 +209,22 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
               "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]),
               "build": {**build, "task": cls.name, "family": {"name": cls.name, "version": str(cls.version)}}}
-    if build["backend"] == "cuda" and getattr(cls, "device_only", False):
-        cubin = write_cubin(folder, kernel, signature)
+    if build["backend"] == "cuda" and (getattr(cls, "device_only", False) or launched(fam)):
+        cubin = write_cubin(folder, kernel, signature, launched=launched(fam))
         if cubin is not None:
             kernel["cubin"] = cubin
+        elif launched(fam):  # device code only: nothing else can run it
+            raise UserError(f"kernel {elite['hash'][:12]}: its family launches device code, which needs nvcc here "
+                            "to compile (on PATH or in CUDA_HOME)")
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
 
 
-def write_cubin(folder: Path, kernel: dict[str, Any], signature: str) -> dict[str, Any] | None:
+def write_cubin(folder: Path, kernel: dict[str, Any], signature: str, launched: bool = False) -> dict[str, Any] | None:
     """The kernel's device code compiled to `kernel.cubin` in `folder` with the flags of the search's device-only
     builds (the same cubin the search measured), and its record for kernel.json: the file, its arch and sha256, the
     signature the family binding loads it with, and the flags that compile it again for another architecture
-    (`retarget`: not for architecture-specific code such as sm_90a). An unchanged kernel folder keeps its cubin
+    (`retarget`: not for architecture-specific code such as sm_90a); `launched`: the kernel is device code only (a
+    declared Launch), which nothing but the cubin runs. An unchanged kernel folder keeps its cubin
     (`evoengineer.load` writes one each time). None when no nvcc is found: the package then compiles the kernel
     with host code on first import, as before."""
     from evoengineer.compiler.gate import compile_cuda
@@ -231,7 +236,7 @@ def write_cubin(folder: Path, kernel: dict[str, Any], signature: str) -> dict[st
                                  "arch": build["arch"]})
     portable = [f for f in flags if not f.startswith(_TARGET_FLAGS)]
     record = {"file": CUBIN_FILE, "arch": build["arch"], "signature": signature, "nvcc_flags": portable,
-              "retarget": not str(build["arch"])[-1].isalpha(), "flags": flags,
+              "retarget": not str(build["arch"])[-1].isalpha(), "flags": flags, "launched": launched,
               "source_sha256": kernel["source_sha256"]}
     path = folder / CUBIN_FILE
     try:

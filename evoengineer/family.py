@@ -25,6 +25,11 @@ The entry point of a declared signature, in this order (pointers to tensors may 
 It returns 0, or a status the binding turns into a RuntimeError. With a workspace it is first called with
 ``workspace == nullptr``: a kernel that needs scratch memory writes the bytes to ``*workspace_bytes``, launches
 nothing and returns 6; it is then called again with that much memory.
+
+A CUDA family may instead write device code only and declare its launch (``Signature(launch=Launch(items))``): the
+template defines ``extern "C" __global__ void ENTRY(...)`` with the same arguments up to the scalars (no
+strides, workspace or stream) and exports four launch traits; candidates compile to a cubin alone and the generated
+binding launches it (`Launch`). Such a template needs no host code at all.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from evoengineer.space.backend import backend_of
 from evoengineer.space.spec import SearchSpace
 from evoengineer.settings import GENERIC_SHAPE_KEYS, evaluation_settings
 
-__all__ = ["Family", "Signature", "Tensor", "Scalar", "Shape", "ShapeEntry", "BindingSource", "TOLERANCES",
+__all__ = ["Family", "Signature", "Tensor", "Scalar", "Launch", "Shape", "ShapeEntry", "BindingSource", "TOLERANCES",
            "check_shape_keys", "Inputs"]
 
 Inputs = dict[str, Any]
@@ -93,16 +98,48 @@ class Scalar:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """How the generated binding launches a CUDA kernel written as device code only (issue 52): the template defines
+    the family's ``entry`` as ``extern "C" __global__ void ENTRY(...)``, taking the entry point's arguments without
+    the stream (one pointer per tensor, the sizes, the scalars: `Signature.kernel_prototype`), and no host code;
+    candidates compile to a cubin alone and the binding, built once, launches it: a 1-D grid over ``items`` (a size
+    symbol or a product of them, e.g. ``"rows"`` or ``"B*H"``) from four launch traits the kernel exports (EVO_TRAIT,
+    templates/cuda/common/launch_traits.cuh.j2): ``threads`` (the block size), ``smem_bytes`` (dynamic shared
+    memory), ``items_per_block`` and ``persistent`` (1: the grid is capped at the blocks the GPU holds at once and
+    the kernel strides over the items by gridDim.x)."""
+
+    items: str
+
+
+#: the traits a Launch kernel exports
+LAUNCH_TRAITS = ("threads", "smem_bytes", "items_per_block", "persistent")
+
+
+def launched(family: Any) -> bool:
+    """Whether a family (instance) writes its kernels as device code its generated binding launches (its declared
+    Signature has a Launch): its candidates build device code only, always."""
+    if getattr(family, "binding_file", ""):
+        return False
+    try:
+        signature = family.signature
+    except Exception:  # no declared call (a family with its own binding), or constants it refuses
+        return False
+    return getattr(signature, "launch", None) is not None
+
+
+@dataclass(frozen=True)
 class Signature:
     """A family's call: ``args`` in call order; ``sizes``: the size symbols the entry point receives, in order
     (default: every symbol some input has as a whole dimension, in order of first use, fixed ones left out: the
     kernel is compiled for those); ``fixed``: symbols the kernel is compiled for (a call of another
-    size is refused, naming it); ``workspace``: the entry point takes the workspace pair."""
+    size is refused, naming it); ``workspace``: the entry point takes the workspace pair; ``launch``: the kernel is
+    device code the binding launches (`Launch`) instead of a host entry point."""
 
     args: tuple[Union[Tensor, Scalar], ...]
     sizes: tuple[str, ...] | None = None
     fixed: Mapping[str, int] = field(default_factory=dict)
     workspace: bool = False
+    launch: Launch | None = None
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -148,6 +185,22 @@ class Signature:
         for s in self.sizes or ():
             if s not in bound and s not in self.fixed:
                 raise ValueError(f"signature: sizes: {s!r} is no input's dimension")
+        if self.launch is not None:
+            self._check_launch(bound)
+
+    def _check_launch(self, bound: list[str]) -> None:
+        launch = self.launch
+        if not isinstance(launch, Launch):
+            raise ValueError(f"signature: launch: a Launch(items=...), got {launch!r}")
+        for f in _factors(launch.items) if isinstance(launch.items, str) else [launch.items]:
+            if not (isinstance(f, str) and (f in bound or f in self.fixed)):
+                raise ValueError(f"signature: launch: items {launch.items!r}: {f!r} is no size of the call (size "
+                                 "symbols joined by '*')")
+        if self.workspace:
+            raise ValueError("signature: launch: a launched kernel takes no workspace (write a host entry point)")
+        if any(t.strided for t in self.tensors):
+            raise ValueError("signature: launch: strided tensors pass their strides as host memory: write a host "
+                             "entry point for them")
 
     @property
     def tensors(self) -> list[Tensor]:
@@ -206,7 +259,9 @@ class Signature:
                              **({"align": a.align} if a.align else {}), **({"strided": True} if a.strided else {})})
             else:
                 args.append({"kind": "scalar", "name": a.name, "dtype": a.dtype})
-        return {"args": args, "sizes": self.size_order(), "fixed": dict(self.fixed), "workspace": self.workspace}
+        launch = {"launch": {"items": self.launch.items}} if self.launch else {}
+        return {"args": args, "sizes": self.size_order(), "fixed": dict(self.fixed), "workspace": self.workspace,
+                **launch}
 
     def c_prototype(self, entry: str) -> str:
         """The entry point's C declaration (for a template's author)."""
@@ -216,7 +271,16 @@ class Signature:
         params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
         if self.workspace:
             params += ["void* workspace", "int64_t* workspace_bytes"]
+        if self.launch is not None:
+            return self.kernel_prototype(entry)
         return f'extern "C" int {entry}({", ".join(params + ["void* stream"])})'
+
+    def kernel_prototype(self, entry: str) -> str:
+        """A launched kernel's C declaration (`launch`): the entry point's arguments without the stream."""
+        params = [f"{'void' if a.output or a.inout else 'const void'}* {a.name}" for a in self.tensors]
+        params += [f"int64_t {s}" for s in self.size_order()]
+        params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
+        return f'extern "C" __global__ void {entry}({", ".join(params)})'
 
 
 def _factors(d: Union[int, str]) -> list[Union[int, str]]:
@@ -325,6 +389,9 @@ class Family(ABC):
             self.settings: dict[str, Any] = {}
             self.entries: list[ShapeEntry] = []
             return
+        if launched(self) and not backend_of(space.backend).device_compiler:
+            raise UserError(f"{space.path or space.name}: family {self.name!r} launches device code "
+                            f"(Signature.launch): a CUDA space's, not a {space.backend} one's")
         self.settings = evaluation_settings(space)
         self.entries = [self._entry(i, d) for i, d in enumerate(space.shapes)]
         if not any(e.checks for e in self.entries):

@@ -1,5 +1,6 @@
 """GPU tests (skipped without CUDA): the example RMSNorm family (examples/families/rmsnorm_cuda), written against
-the public contract only: sampled genomes built and checked through the real builder (odd row counts, grid-stride
+the public contract only, as device code its generated binding launches (Signature.launch): sampled genomes built
+(cubins) and checked through the real builder (odd row counts, grid-stride
 loops, CUDA graph replay, misaligned pointers refused); a search through the CLI; the exported op on held-out rows,
 under torch.compile and CUDA graphs, and refusing misuse with clean Python errors."""
 
@@ -71,7 +72,7 @@ def test_sampled_genomes_are_correct(tmp_path: Path, build_cache: Path):
     space = load_space(_family_dir(tmp_path) / SPACE)
     for params in _covering(space, 6):
         task, module = build_candidate(space, params, build_cache)
-        assert task.name == "rmsnorm" and task.entry == "evo_rmsnorm_forward"
+        assert task.name == "rmsnorm" and task.entry == "evo_rmsnorm_kernel"  # device code, launched by the binding
         big = task.make_inputs(Shape("big", {"rows": 9001}), 1)  # several iterations of a persistent grid
         for rows in (1, 7, 37):
             small = task.make_inputs(Shape("odd", {"rows": rows}), rows)
@@ -103,9 +104,9 @@ def test_search_finds_correct_elites(searched: Path):
     assert doc["space"] == "rmsnorm_h100" and doc["elites"]
     for e in doc["elites"]:
         assert e["status"] == "ok"
-        assert {k: e["build"]["family"][k] for k in ("name", "version")} == {"name": "rmsnorm", "version": "1"}
+        assert {k: e["build"]["family"][k] for k in ("name", "version")} == {"name": "rmsnorm", "version": "2"}
         assert e["metrics"]["time_us"] > 0 and e["metrics"]["max_abs_err"] < 4e-2
-        assert "evo_rmsnorm_forward" in e["source"]
+        assert "evo_rmsnorm_kernel" in e["source"] and "<<<" not in e["source"]  # no host code
 
 
 def test_exported_op(searched: Path, tmp_path: Path, monkeypatch):
@@ -113,6 +114,8 @@ def test_exported_op(searched: Path, tmp_path: Path, monkeypatch):
     monkeypatch.chdir(searched)  # --family family.py:Class is relative to the working folder
     assert main(["export", "elite.json", "--out", str(tmp_path / "pkg"), "--family", "family.py:RMSNorm"]) == 0
     (pkg,) = [p for p in (tmp_path / "pkg").iterdir() if p.is_dir()]
+    cubin = json.loads((pkg / "kernel.json").read_text())["cubin"]
+    assert cubin["launched"] and (pkg / cubin["file"]).is_file()  # the package carries the device code
     sys.path.insert(0, str(tmp_path / "pkg"))
     try:
         mod = importlib.import_module(pkg.name)

@@ -107,7 +107,10 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
     call_args += [f"t_{a['name']}.strides().data()" for a in tensors if a.get("strided")]
     call_args += [f"s_{s}" for s in order]
     call_args += [f"v_{a['name']}" for a in scalars]
-    if call["workspace"]:
+    launch = call.get("launch")
+    if launch:
+        body.extend(_launch_call(launch, tensors, writes, order, scalars))
+    elif call["workspace"]:
         emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")
         emit(f"    return evo_with_workspace(t_{first['name']}, [&](void* workspace, int64_t* bytes) {{")
         emit(f"      return st.fn({', '.join(call_args + ['workspace', 'bytes', 'stream'])});")
@@ -117,8 +120,9 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
         emit("  const int status = evo_call_on_stream(device, [&](void* stream) {")
         emit(f"    return st.fn({', '.join(call_args + ['stream'])});")
         emit("  });")
-    emit("  if (status != 0) throw EvoArgError{PyExc_RuntimeError, evo_str(\"kernel returned status \", status)};")
-    emit("  return evo_return_int(0);")
+    if not launch:
+        emit("  if (status != 0) throw EvoArgError{PyExc_RuntimeError, evo_str(\"kernel returned status \", status)};")
+        emit("  return evo_return_int(0);")
 
     names = ", ".join(_cstr(a["name"]) for a in args)
     fn_doc = (f"Run the candidate kernel ({', '.join(a['name'] for a in args)}); returns 0, raises RuntimeError on "
@@ -127,7 +131,7 @@ def generate_binding(signature: Any, entry: str, doc: str) -> str:
 // changes). {doc}
 
 #include "candidate_module.h"
-
+{_LAUNCH_INCLUDE if launch else ""}
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,10 +141,10 @@ namespace {{
 using EntryFn = int (*)({', '.join(params)});
 
 struct State {{
-  EntryFn fn;
+  EntryFn fn = nullptr;
   std::string signature;
   EvoCheckedTensor checked[{max(1, len(bounded))}];
-}};
+{_LAUNCH_STATE if launch else ""}}};
 
 PyObject* forward(State& st, const EvoArgs& a) {{
 {chr(10).join(body)}
@@ -157,4 +161,98 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
     evo_add_function<State>(m, st, {{"forward", {{{names}}}, {_cstr(fn_doc)}, &forward}});
   }});
 }}
+{_load_cubin(entry, names, fn_doc, doc) if launch else ""}"""
+
+
+# ---- device code the binding launches (Signature.launch) ---------------------------------------------------------
+_LAUNCH_INCLUDE = """#ifdef EVO_WITH_CUDA
+#include "cubin_module.h"
+#endif
+"""
+
+_LAUNCH_STATE = """#ifdef EVO_WITH_CUDA
+  // the loaded cubin, its kernel and the launch traits it exports (read once, at load)
+  std::shared_ptr<const EvoCubin> module;
+  EvoKernel kernel;
+  int64_t threads = 0, smem_bytes = 0, items_per_block = 1, persistent = 0;
+#endif
+"""
+
+
+def _launch_call(launch: dict[str, Any], tensors: list[dict], writes: list[dict], order: list[str],
+                 scalars: list[dict]) -> list[str]:
+    """The forward's launch of a device-only candidate: a 1-D grid over the declared items (capped at the resident
+    blocks when the kernel is persistent), the kernel's arguments as the entry point's without the stream."""
+    items = " * ".join(str(f) if isinstance(f, int) else f"s_{f}" for f in _factors(launch["items"]))
+    out = ["#ifdef EVO_WITH_CUDA",
+           "  EVO_CHECK_VALUE(st.kernel, \"this module has no loaded kernel (a device-only build loads its cubin)\");",
+           f"  EVO_CHECK_VALUE(device.index() == st.module->device(), {_cstr(tensors[0]['name'])}, \": on \", device, "
+           "\", but this kernel was loaded on cuda:\", st.module->device());",
+           f"  const int64_t items = {items};",
+           "  const int status = evo_call_on_stream(device, [&](void* stream) -> int {",
+           "    int64_t grid = (items + st.items_per_block - 1) / st.items_per_block;",
+           "    if (st.persistent) {",
+           "      int cap = 0;",
+           "      const int rc = st.kernel.resident_grid(static_cast<int>(st.threads), static_cast<int>(st.smem_bytes), "
+           "cap);",
+           "      if (rc != 0) return rc;",
+           "      if (cap < 1) return 5;  // no block fits on an SM",
+           "      if (grid > cap) grid = cap;",
+           "    }",
+           "    if (grid <= 0) return 0;",
+           "    if (grid > 2147483647) return 3;  // more blocks than a grid holds"]
+    refs = []
+    for a in tensors:
+        const = "" if a in writes else "const "
+        out.append(f"    {const}void* k_{a['name']} = t_{a['name']}.data_ptr();")
+        refs.append(f"k_{a['name']}")
+    for size in order:
+        out.append(f"    int64_t k_s_{size} = s_{size};")
+        refs.append(f"k_s_{size}")
+    for a in scalars:
+        ctype = _SCALAR[a["dtype"]][0]
+        out.append(f"    {ctype} k_v_{a['name']} = v_{a['name']};")
+        refs.append(f"k_v_{a['name']}")
+    out.append(f"    void* args[] = {{{', '.join(f'(void*)&{r}' for r in refs)}}};")
+    out += ["    return st.kernel.launch(static_cast<unsigned>(grid), static_cast<unsigned>(st.threads), "
+            "static_cast<int>(st.smem_bytes), stream, args);",
+            "  });",
+            "  if (status != 0) throw EvoArgError{PyExc_RuntimeError, evo_str(\"kernel launch returned status \", "
+            "status)};",
+            "  return evo_return_int(0);",
+            "#else",
+            "  (void)st;",
+            "  throw EvoArgError{PyExc_RuntimeError, \"a launched kernel needs a CUDA build of its binding\"};",
+            "#endif"]
+    return out
+
+
+def _load_cubin(entry: str, names: str, fn_doc: str, doc: str) -> str:
+    """evo_binding_load_cubin of a launched kernel: the cubin loaded on a device, its kernel found by name, its
+    launch traits read and checked (ImportError naming the file and what is wrong)."""
+    kernel = _cstr(entry)
+    return f"""
+#ifdef EVO_WITH_CUDA
+// A device-only candidate (its cubin at `path`, built for `signature`) loaded on CUDA device `device`, as a module
+// with the same forward(); ImportError naming the file when it does not load (called through ctypes.PyDLL).
+extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_load_cubin(const char* name, const char* path,
+                                                                                   int device, const char* signature) {{
+  return evo_make_candidate_module(name, {_cstr(doc + " (device-only build)")}, signature, [&](PyObject* m) {{
+    auto st = std::make_shared<State>();
+    st->module = std::make_shared<const EvoCubin>(evo_read_file(path), device, path);
+    st->kernel = EvoKernel(st->module, st->module->function({kernel}));
+    st->threads = st->module->trait("threads");
+    st->smem_bytes = st->module->trait("smem_bytes");
+    st->items_per_block = st->module->trait("items_per_block");
+    st->persistent = st->module->trait("persistent");
+    if (st->threads < 1 || st->threads > 1024 || st->smem_bytes < 0 || st->smem_bytes > (1 << 30) ||
+        st->items_per_block < 1)
+      throw std::runtime_error(std::string(path) + ": launch traits out of range: threads " +
+                               std::to_string(st->threads) + ", smem_bytes " + std::to_string(st->smem_bytes) +
+                               ", items_per_block " + std::to_string(st->items_per_block));
+    st->signature = signature;
+    evo_add_function<State>(m, st, {{"forward", {{{names}}}, {_cstr(fn_doc)}, &forward}});
+  }});
+}}
+#endif
 """

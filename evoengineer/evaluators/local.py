@@ -52,9 +52,13 @@ def worker_env(*, cpu_kernels: bool) -> dict[str, str]:
 
 def device_only_builds(task: Any) -> bool:
     """Whether a family's CUDA candidates build device code only (issue 52: the same checks and times as host-code
-    builds on the GPU, 1.75-1.86x less host CPU per candidate): where its binding launches cubins
-    (`Family.device_only`), by default where the family says so (`device_only_default`);
-    EVOENGINEER_DEVICE_ONLY=1 wherever its binding can, =0 never."""
+    builds on the GPU, 1.75-1.86x less host CPU per candidate): always for a declared Launch (no host code exists);
+    where its binding launches cubins (`Family.device_only`), by default where the family says so
+    (`device_only_default`); EVOENGINEER_DEVICE_ONLY=1 wherever its binding can, =0 never."""
+    from evoengineer.family import launched
+
+    if launched(task):  # device code with a declared launch: there is no host code to build
+        return True
     choice = os.environ.get("EVOENGINEER_DEVICE_ONLY", "").strip()
     if not getattr(task, "device_only", False) or choice == "0":
         return False

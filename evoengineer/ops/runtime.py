@@ -245,7 +245,8 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
                           sort_keys=True).encode()
     binding = _build_binding(folder, root, flags, cuda_flags, cuda)
-    if cuda and kernel.get("cubin") and os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0":
+    cubin = kernel.get("cubin") if cuda else None
+    if cubin and (cubin.get("launched") or os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0"):
         # device code exported as a cubin: the family binding loads it, nothing of the kernel is compiled here
         def load(device: int) -> Any:
             cubin = device_code.cubin_for(folder, kernel, root, device_code.device_arch(device))

@@ -3,10 +3,14 @@
     out = x * rsqrt(mean(x^2, -1) + eps) * weight      x, out: [rows, HIDDEN]; weight: [HIDDEN]
 
 Signature constants ([signature] of a space): DTYPE ("float16" or "bfloat16") and HIDDEN (the row length, fixed at
-compile time). Shapes give ``rows``. The entry point every template defines::
+compile time). Shapes give ``rows``. The template is device code only (issue 52): it defines the kernel the
+generated binding launches, a 1-D grid over the rows (``Launch(items="rows")``), and exports the launch traits
+``threads``, ``smem_bytes``, ``items_per_block`` (rows per block) and ``persistent``::
 
-    extern "C" int evo_rmsnorm_forward(const void* x, const void* weight, void* out, int64_t rows, float eps,
-                                       void* stream)
+    extern "C" __global__ void evo_rmsnorm_kernel(const void* x, const void* weight, void* out, int64_t rows,
+                                                  float eps)
+
+Candidates compile to a cubin alone (no host compile, no link); an exported op carries the cubin.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any, Mapping
 import torch
 
 from evoengineer.errors import UserError
-from evoengineer.family import Family, Scalar, Signature, Tensor
+from evoengineer.family import Family, Launch, Scalar, Signature, Tensor
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 EPS = 1e-6
@@ -27,8 +31,8 @@ class RMSNorm(Family):
 
     name = "rmsnorm"
     templates = ("rmsnorm.cu.j2",)
-    version = "1"
-    entry = "evo_rmsnorm_forward"
+    version = "2"
+    entry = "evo_rmsnorm_kernel"
 
     def setup(self) -> None:
         dtype, hidden = self.constants.get("DTYPE"), self.constants.get("HIDDEN")
@@ -47,7 +51,7 @@ class RMSNorm(Family):
                                Tensor("weight", dtype, ("hidden",), align=16),
                                Scalar("eps", "float32"),
                                Tensor("out", dtype, ("rows", "hidden"), output=True, align=16)),
-                         fixed={"hidden": hidden})
+                         fixed={"hidden": hidden}, launch=Launch(items="rows"))
 
     def make_inputs(self, shape: Any, seed: int) -> dict[str, Any]:
         g = torch.Generator().manual_seed(seed)
