@@ -67,11 +67,11 @@ def nvcc_flags(cuda_flags: list[str], arch: str) -> list[str]:
 
 def ptxas_gate(source: Path, *, cuda_flags: list[str], arch: str, include_dirs: list[str] = (),
                timeout_s: float = 300) -> dict[str, Any]:
-    """Compile `source` to an object beside it with the space's flags alone. Returns status (ok | compile_error),
-    reason and the report."""
-    return compile_cuda(source, source.with_suffix(".gate.o"), flags=[*nvcc_flags(cuda_flags, arch),
-                                                                      *(f"-I{d}" for d in include_dirs)],
-                        timeout_s=timeout_s)
+    """Compile the device code of `source` to a cubin beside it with the space's flags alone (the report a build's
+    compile gives, without its host half). Returns status (ok | compile_error), reason and the report."""
+    return compile_cuda(source, source.with_suffix(".gate.cubin"), flags=[*nvcc_flags(cuda_flags, arch),
+                                                                          *(f"-I{d}" for d in include_dirs)],
+                        timeout_s=timeout_s, device_only=True)
 
 
 def compile_cuda(source: Path, obj: Path, *, flags: list[str], nvcc: str | None = None,

@@ -207,12 +207,23 @@ class SearchSpace:
     def valid_genomes(self) -> list[tuple[int, ...]]:
         """Every genome meeting the constraints, in lexicographic order (cached)."""
         if self._valid is None:
-            levels = self._enumerate_by_level()
-            self._valid = levels if levels is not None else list(self._enumerate())
+            levels = self._valid_rows()
+            self._valid = list(map(tuple, levels.tolist())) if levels is not None else list(self._enumerate())
         return self._valid
 
     def count_valid(self) -> int:
+        if self._valid is None:
+            levels = self._valid_rows()  # counted without making 10^6 tuples (loading a space counts)
+            if levels is not None:
+                return len(levels)
         return len(self.valid_genomes())
+
+    def _valid_rows(self) -> Any:
+        """The valid genomes as a numpy array (rows), or None where the depth-first walk must decide (cached)."""
+        memo = self.__dict__.get("_rows_memo")
+        if memo is None:
+            memo = self.__dict__["_rows_memo"] = [self._enumerate_by_level()]
+        return memo[0]
 
     def random_valid_genome(self, rng: random.Random | None = None) -> list[int]:
         rng = rng or random
@@ -230,7 +241,7 @@ class SearchSpace:
         deps = [sorted({depth_of[n] for c in cs for n in c.names if n in depth_of}) for cs in checks]
         return checks, deps
 
-    def _enumerate_by_level(self) -> list[tuple[int, ...]] | None:
+    def _enumerate_by_level(self) -> Any:
         """The valid genomes in lexicographic order, built a gene at a time over every valid prefix at once (numpy
         rows; many times faster than the depth-first walk for spaces of 10^6 configurations). A depth's checks read
         only some genes: their verdict is computed once per combination of those. None when the prefixes of some
@@ -238,7 +249,7 @@ class SearchSpace:
         import numpy as np
 
         if not self.names:
-            return []
+            return np.zeros((0, 0), dtype=np.int32)
         checks, deps = self._constraint_levels()
         env: dict[str, Value] = dict(self.signature)
         prefixes = np.zeros((1, 0), dtype=np.int32)
@@ -269,7 +280,7 @@ class SearchSpace:
             prefixes = np.concatenate([prefixes[rows], values[:, None].astype(np.int32)], axis=1)
         if len(prefixes) > ENUMERATION_LIMIT:
             raise UserError(f"space {self.name!r} has more than {ENUMERATION_LIMIT} valid configurations")
-        return list(map(tuple, prefixes.tolist()))
+        return prefixes
 
     def _enumerate(self) -> Iterator[tuple[int, ...]]:
         # Depth-first over parameters in order; each constraint is checked as soon as its last name is bound,
