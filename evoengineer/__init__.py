@@ -1,9 +1,9 @@
 """EvoEngineer: evolutionary search over Jinja2 kernel templates."""
 
-from evoengineer.paths import ROOT, SPACES_DIR, TEMPLATES_DIR
+from evoengineer.paths import ROOT, SPACES_DIR, TEMPLATES_DIR, shipped_space_files, space_file
 
 __version__ = "0.1.0"
-__all__ = ["ROOT", "SPACES_DIR", "TEMPLATES_DIR", "load", "tune", "__version__"]
+__all__ = ["ROOT", "SPACES_DIR", "TEMPLATES_DIR", "shipped_space_files", "space_file", "load", "tune", "__version__"]
 
 
 def load(elite_json, rank: int = 1, **options):

@@ -64,9 +64,10 @@ def _template_files(space: SearchSpace) -> dict[str, tuple[str, str | None]]:
             if includer is None:
                 raise _template_error(space.template_path, exc) from None
             why = (str(exc) if isinstance(exc, TemplateOutsideFolder) else
-                   f"included template {name!r} not found in {space.template_path.parent} or {TEMPLATES_DIR} "
-                   "(an include names a file inside the template's folder or the shipped templates folder: "
-                   "no '..', no absolute path)")
+                   f"included template {name!r} not found in {space.template_path.parent}, {TEMPLATES_DIR / 'cuda'}, "
+                   f"{TEMPLATES_DIR} or a shipped family's folder "
+                   "(an include names a file inside the template's folder, the shipped templates folder or a "
+                   "shipped family's: no '..', no absolute path)")
             raise UserError(f"{includer}: template error: {why}") from None
         except jinja2.TemplateError as exc:
             raise _template_error(space.template_path if includer is None else Path(name), exc) from None
@@ -160,8 +161,13 @@ def _new_environment(loader: jinja2.BaseLoader, **options: Any) -> jinja2.Enviro
 
 @lru_cache(maxsize=32)
 def _environment(template_dir: str) -> jinja2.Environment:
-    # The template's own folder first, then templates/ (so a template can include a shipped one).
-    return _new_environment(ContainedLoader([template_dir, str(TEMPLATES_DIR)]))
+    # The template's own folder first, then templates/cuda/ (the shared CUDA building blocks, `common/...`, for a
+    # family's template wherever it lives), then templates/, then the shipped families' folders (so a template can
+    # include a shipped one by its name, `cpu/NAME.cpp.j2`).
+    from evoengineer.paths import shipped_family_dirs
+
+    roots = [template_dir, str(TEMPLATES_DIR / "cuda"), str(TEMPLATES_DIR), *(str(d) for d in shipped_family_dirs())]
+    return _new_environment(ContainedLoader(roots))
 
 
 def render(space: SearchSpace, params: dict[str, Any], *, env: jinja2.Environment | None = None) -> str:
@@ -228,10 +234,10 @@ class CandidateFactory:
         return self.make(self.space.genome_to_params(genome))
 
 
-def fixed_candidate(space: SearchSpace, template: str, label: str) -> Candidate:
-    """A kernel with no genes (e.g. a baseline) rendered from templates/`template` with the space's signature,
-    built with the space's flags like any candidate."""
-    path = TEMPLATES_DIR / template
+def fixed_candidate(space: SearchSpace, template: str, label: str, path: Path | None = None) -> Candidate:
+    """A kernel with no genes (e.g. a baseline) rendered from `template` (the file at `path`, default
+    templates/`template`) with the space's signature, built with the space's flags like any candidate."""
+    path = path or TEMPLATES_DIR / template
     env = _environment(str(path.parent))
     try:
         source = env.get_template(path.name).render(**space.signature)

@@ -18,7 +18,7 @@ CPU_DEFAULT_SPACE = "cpu_msda"
 
 def default_space() -> Path:
     """The CUDA MSDA space when a GPU is present (and shipped), else the CPU MSDA space."""
-    from evoengineer.paths import SPACES_DIR
+    from evoengineer.paths import space_dirs, space_file
 
     try:
         import torch
@@ -27,10 +27,10 @@ def default_space() -> Path:
     except ImportError:
         gpu = False
     for name in ([GPU_DEFAULT_SPACE] if gpu else []) + [CPU_DEFAULT_SPACE]:
-        p = SPACES_DIR / f"{name}.toml"
+        p = space_file(f"{name}.toml")
         if p.exists():
             return p
-    raise UserError(f"no default space found in {SPACES_DIR}; pass --space FILE")
+    raise UserError(f"no default space found in {', '.join(str(d) for d in space_dirs())}; pass --space FILE")
 
 
 def install_command(folder: "str | Path") -> str:

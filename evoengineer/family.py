@@ -608,10 +608,16 @@ class Family(ABC):
     @classmethod
     def template_paths(cls) -> list[Path]:
         """The declared `templates`, found beside the family's module first, then among the shipped templates."""
+        return [cls.template_path(t) for t in cls.templates]
+
+    @classmethod
+    def template_path(cls, template: str) -> Path:
+        """A template of the family's (a declared one, a baseline kernel's): beside the family's module first, then
+        among the shipped templates."""
         from evoengineer.paths import TEMPLATES_DIR
 
         here = Path(inspect.getfile(cls)).resolve().parent
-        return [(here / t) if (here / t).is_file() else (TEMPLATES_DIR / t) for t in cls.templates]
+        return (here / template) if (here / template).is_file() else (TEMPLATES_DIR / template)
 
     @classmethod
     def own_op_adapter(cls) -> Any:

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from conftest import build_candidate
-from evoengineer import SPACES_DIR
+from evoengineer import space_file
 from evoengineer.space import load_space
 from evoengineer.families.msda.task import MSDAShape, reference
 
 
 @pytest.fixture(scope="module")
 def msda(build_cache_module):
-    space = load_space(SPACES_DIR / "cpu_msda.toml")
+    space = load_space(space_file("cpu_msda.toml"))
     return build_candidate(space, space.valid_genomes()[0], build_cache_module, jobs=1)
 
 

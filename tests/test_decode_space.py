@@ -1,5 +1,5 @@
-"""The decode spaces (search_spaces/decode_*.toml) and their template without a GPU: every space loads with the decode
-task, its shared-memory constraint admits exactly the genomes whose layout (as templates/cuda/decode.cu.j2 computes
+"""The decode spaces (evoengineer/families/decode/spaces/decode_*.toml) and their template without a GPU: every space loads with the decode
+task, its shared-memory constraint admits exactly the genomes whose layout (as evoengineer/families/decode/cuda/decode.cu.j2 computes
 it) fits in 227 KB, rendered genomes carry their genes in the one traits struct, and the correctness shapes cover
 what the issue asks (ragged lengths 1 / 7 / 1000 / Sk, G = 1 and 8, Sq = 1 and 5, the timed decode shape)."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from evoengineer import SPACES_DIR
+from evoengineer import space_file, shipped_space_files
 from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
 from evoengineer.families import get_task
 
-SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
+SPACES = sorted(shipped_space_files("decode_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
@@ -117,7 +117,7 @@ def test_paged_spaces_are_their_contiguous_spaces_with_pages():
     for paged in SPACES:
         if not paged.stem.endswith("_paged"):
             continue
-        a, b = load_space(paged), load_space(SPACES_DIR / f"{paged.stem[:-len('_paged')]}.toml")
+        a, b = load_space(paged), load_space(space_file(f"{paged.stem[:-len('_paged')]}.toml"))
         assert [(x.name, x.values) for x in a.parameters] == [(x.name, x.values) for x in b.parameters]
         assert [c.text for c in a.constraints] == [c.text for c in b.constraints] and a.gates == b.gates
         assert {k: v for k, v in a.signature.items() if k != "KV_LAYOUT"} == b.signature
@@ -126,12 +126,12 @@ def test_paged_spaces_are_their_contiguous_spaces_with_pages():
 def test_a_paged_space_needs_page_sizes(tmp_path: Path):
     from evoengineer.errors import UserError
 
-    text = (SPACES_DIR / "decode_fp16_d128_paged.toml").read_text()
-    shutil.copy(SPACES_DIR / "decode_fp16_d128.toml", tmp_path)  # the space it extends
+    text = (space_file("decode_fp16_d128_paged.toml")).read_text()
+    shutil.copy(space_file("decode_fp16_d128.toml"), tmp_path)  # the space it extends
     (tmp_path / "a.toml").write_text(text.replace("page_size = 64\n", ""))
     (tmp_path / "b.toml").write_text(text.replace('KV_LAYOUT = "paged"', 'KV_LAYOUT = "blocked"'))
     (tmp_path / "c.toml").write_text(text.replace("page_size = 64", "page_size = 48"))
-    flat = (SPACES_DIR / "decode_fp16_d128.toml").read_text()
+    flat = (space_file("decode_fp16_d128.toml")).read_text()
     (tmp_path / "d.toml").write_text(flat.replace("Sk = 2000\n", "Sk = 2000\npage_size = 16\n"))
     for name, words in (("a", "needs 'page_size'"), ("b", "KV_LAYOUT: one of contiguous, paged"),
                         ("c", "power of two"), ("d", "'page_size' is for a paged space")):
@@ -141,7 +141,7 @@ def test_a_paged_space_needs_page_sizes(tmp_path: Path):
 
 def test_the_template_refuses_unknown_choices(tmp_path: Path):
     """A space naming a load path or combine the template does not know renders to an #error, not a silent default."""
-    text = (SPACES_DIR / "decode_fp16_d128.toml").read_text()
+    text = (space_file("decode_fp16_d128.toml")).read_text()
     text = text.replace('values = ["cp_async", "bulk", "tma"]', 'values = ["cp_async", "bulk", "tma", "ldg"]')
     (tmp_path / "s.toml").write_text(text)
     space = load_space(tmp_path / "s.toml")
@@ -154,13 +154,13 @@ def test_tma_loads_of_pages_and_their_refusal_for_narrow_rows(tmp_path: Path):
     """LOAD_PATH = tma renders for paged caches (a pool map: boxes of one page's rows, lane j issuing box j, its
     pool row read from the block table) and to an #error for rows narrower than the 128-byte swizzle (FP8 at head
     dim 64)."""
-    paged = load_space(SPACES_DIR / "decode_fp16_d128_paged.toml")
+    paged = load_space(space_file("decode_fp16_d128_paged.toml"))
     p = next(q for q in map(paged.genome_to_params, paged.valid_genomes()) if q["COPY_BYTES"] == 16)
     assert not paged.violated({**p, "LOAD_PATH": "tma"})
     src = CandidateFactory(paged).make({**p, "LOAD_PATH": "tma"}).source
     assert "#error" not in src and "make_pool_map" in src and "cp.async.bulk.tensor.3d" in src
     assert "static constexpr bool kPaged = true;" in src and "static constexpr bool kTma = true;" in src
-    text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text().replace('values = ["cp_async", "bulk"]',
+    text = (space_file("decode_fp8kv_d64.toml")).read_text().replace('values = ["cp_async", "bulk"]',
                                                                       'values = ["cp_async", "bulk", "tma"]')
     (tmp_path / "d64.toml").write_text(text)
     d64 = load_space(tmp_path / "d64.toml")

@@ -138,10 +138,10 @@ def test_paged_inputs_without_shared_prefixes():
 
 def test_paged_fp8_gate_reads_the_contiguous_unquantized_caches():
     from evoengineer.space import load_space
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.families import get_task
 
-    task = get_task(load_space(SPACES_DIR / "decode_fp8kv_d128_paged.toml"))
+    task = get_task(load_space(space_file("decode_fp8kv_d128_paged.toml")))
     x = make_inputs(DecodeShape("p", B=2, Hq=4, Hkv=2, Sk=100, seq_lens=(100, 60), page_size=16), 1, head_dim=128,
                     kv_dtype=torch.float8_e4m3fn)
     fp16 = task.fp16_attention(x)
@@ -154,11 +154,11 @@ def test_the_fp8_baseline_is_held_to_attention_on_the_unquantized_cache(space):
     """The baseline runs on the unquantized K/V (what an FP8 kernel replaces): at a worker's start it is checked
     against exact attention on those (`baseline_reference`), within the candidates' tolerance, not against the
     reference on the dequantized cache, which a length-1 sequence (its output is its e4m3-rounded value row) misses."""
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.space import load_space
     from evoengineer.families import get_task
 
-    task = get_task(load_space(SPACES_DIR / f"{space}.toml"))
+    task = get_task(load_space(space_file(f"{space}.toml")))
     paged = "paged" in space
     x = make_inputs(DecodeShape("r", B=2, Hq=8, Hkv=2, Sk=128, Sq=2, seq_lens=(1, 7),
                                 page_size=16 if paged else None), 3, head_dim=task.head_dim,
@@ -169,6 +169,6 @@ def test_the_fp8_baseline_is_held_to_attention_on_the_unquantized_cache(space):
     assert own.dtype == torch.float64 and own.shape == got.shape
     assert ((got - own).abs() <= atol + rtol * own.abs()).all()
     assert not ((got - reference(x)).abs() <= atol + rtol * reference(x).abs()).all()
-    fp16_task = get_task(load_space(SPACES_DIR / "decode_fp16_d128.toml"))
+    fp16_task = get_task(load_space(space_file("decode_fp16_d128.toml")))
     assert fp16_task.baseline_reference("sdpa", make_inputs(DecodeShape("f", B=1, Hq=2, Hkv=2, Sk=8), 0,
                                                             head_dim=128)) is None

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evoengineer import SPACES_DIR
+from evoengineer import space_file
 from evoengineer.cli import main
 from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape, make_inputs, reference
 
@@ -47,7 +47,7 @@ time = true
 
 
 def _small_msda_space(folder: Path) -> Path:
-    text = (SPACES_DIR / "cpu_msda.toml").read_text()
+    text = (space_file("cpu_msda.toml")).read_text()
     text = text[: text.index("[[shapes]]")].replace("repeats = 20", "repeats = 3") + SMALL_SHAPES
     p = folder / "small_msda.toml"
     p.write_text(text)
@@ -543,7 +543,7 @@ def two_shape_search(tmp_path_factory, build_cache_session) -> Path:
     """A budget-5 search of the small CPU space timed on a tiny decoder-like shape and an encoder shape (Lq = S):
     its folder (s.db, elite.json)."""
     d = tmp_path_factory.mktemp("two_shapes")
-    text = (SPACES_DIR / "cpu_msda.toml").read_text()
+    text = (space_file("cpu_msda.toml")).read_text()
     (d / "two.toml").write_text(text[: text.index("[[shapes]]")].replace("repeats = 20", "repeats = 3")
                                 + TWO_TIMED_SHAPES)
     rc = main(["search", "--space", str(d / "two.toml"), "--budget", "5", "--population", "5", "--db",

@@ -63,11 +63,11 @@ def test_real_ptxas_report_and_compile_error(tmp_path: Path):
 
 
 def cuda_spaces() -> list[Path]:
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file, shipped_space_files
 
     from evoengineer.space import load_space
 
-    return sorted(p for p in SPACES_DIR.glob("*.toml") if load_space(p).target.device_compiler)
+    return sorted(p for p in shipped_space_files("*.toml") if load_space(p).target.device_compiler)
 
 
 def _gate_genome(space, params: dict, path: Path) -> dict:
@@ -105,10 +105,10 @@ def test_sampled_genomes_of_cuda_spaces_compile_and_get_a_gate_verdict(space_fil
 def test_gate_rejects_a_spilling_msda_genome(tmp_path: Path):
     """Eight warps at four blocks per SM cap registers at 64; holding the prefetched next query then spills, and the
     gate turns the candidate away before any torch build (found by the full fp16 grid)."""
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file, shipped_space_files
     from evoengineer.space import load_space
 
-    space = load_space(SPACES_DIR / "cuda_msda_fp16.toml")
+    space = load_space(space_file("cuda_msda_fp16.toml"))
     params = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 4, "D_STRIDE": 2,
               "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 4,
               "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,

@@ -1,4 +1,4 @@
-"""GPU tests (skipped without CUDA) of the decode-attention family (templates/cuda/decode.cu.j2): sampled genomes of
+"""GPU tests (skipped without CUDA) of the decode-attention family (evoengineer/families/decode/cuda/decode.cu.j2): sampled genomes of
 every decode space through the real pipeline (ragged lengths 1 / 7 / 1000 / Sk with NaN past them, G = 1 and 8,
 Sq = 1, 4 and 5, many splits; the paged spaces with pages in random order, shared prefix pages and page sizes 16, 32
 and 64), bf16 and bf16-with-FP8 signatures (contiguous and paged), the split workspace across calls and CUDA-graph
@@ -16,11 +16,11 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from conftest import assert_right, assert_right_call_after_call, build_candidate, build_result  # noqa: E402
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file, shipped_space_files  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
-SPACES = sorted(SPACES_DIR.glob("decode_*.toml"))
+SPACES = sorted(shipped_space_files("decode_*.toml"))
 CHOICE_GENES = ("LOAD_PATH", "COMBINE", "DEQUANT", "M_TILES", "Q_IN_REGISTERS", "MIN_BLOCKS", "MMA_ROWS")
 
 
@@ -74,7 +74,7 @@ def test_keys_on_m_kernels_are_correct(name: str, build_cache: Path):
     M (FP8 dequantized in registers, in shared memory with two buffers or one, or K in registers and V in shared
     memory, in turn) pass every check of the space (ragged lengths with NaN past them, G = 1 and 8, Sq 1 to 5, many
     splits; paged pages in random order, shared prefixes)."""
-    space = load_space(SPACES_DIR / f"{name}.toml")
+    space = load_space(space_file(f"{name}.toml"))
     dequant = ("registers", "shared", "shared_single", "k_registers")
     keys = [{**p, "MMA_ROWS": "keys", **({"DEQUANT": dequant[i % len(dequant)]} if "DEQUANT" in p else {})}
             for i, p in enumerate(space.genome_to_params(g) for g in _picks(space))]
@@ -91,7 +91,7 @@ def test_keys_on_m_kernels_are_correct(name: str, build_cache: Path):
 def test_bf16_signatures(q_dtype: str, kv_dtype: str, paged: bool, tmp_path: Path, build_cache: Path):
     """The template serves bf16 Q (with bf16 or FP8 K/V, FP8 dequantized to bf16 either way) on the same shapes,
     paged too, with the query rows on either side of the MMAs."""
-    text = (SPACES_DIR / "decode_fp8kv_d64.toml").read_text()
+    text = (space_file("decode_fp8kv_d64.toml")).read_text()
     if paged:
         text = text.replace('KV_DTYPE = "float8_e4m3"', 'KV_LAYOUT = "paged"\nKV_DTYPE = "float8_e4m3"')
         text = text.replace("[[shapes]]\n", "[[shapes]]\npage_size = 32\n")
@@ -127,7 +127,7 @@ def test_split_kernel_is_right_call_after_call(combine: str, build_cache: Path):
     twice in a row, after a call on another shape (other split count), and from two CUDA-graph replays."""
     from evoengineer.families.decode.task import DecodeShape
 
-    space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
+    space = load_space(space_file("decode_fp8kv_d128.toml"))
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 4, "LOAD_PATH": "bulk", "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": True, "SPLIT_WAVES": 2, "COMBINE": combine, "FAST_EXP": True, "DEQUANT": "registers",
               "MIN_BLOCKS": 1}
@@ -148,7 +148,7 @@ def test_cluster_combine_where_the_clusters_fit(name: str, build_cache: Path):
 
     from evoengineer.families.decode.task import DecodeShape
 
-    space = load_space(SPACES_DIR / f"{name}.toml")
+    space = load_space(space_file(f"{name}.toml"))
     params = {"BLOCK_N": 128, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": False, "SPLIT_WAVES": 1, "COMBINE": "cluster", "FAST_EXP": True, "MIN_BLOCKS": 1,
               "MMA_ROWS": "keys", **({"DEQUANT": "k_registers"} if "DEQUANT" in space.names else {})}
@@ -182,7 +182,7 @@ def test_cluster_combine_is_sanitizer_clean(tmp_path: Path, build_cache: Path):
 
     if find_tool() is None:
         pytest.skip("compute-sanitizer not found")
-    text = (SPACES_DIR / "decode_fp8kv_d128.toml").read_text()
+    text = (space_file("decode_fp8kv_d128.toml")).read_text()
     small = '[[shapes]]\nname = "clusters"\nB = 2\nHq = 8\nHkv = 1\nSk = 512\nseq_lens = [512, 100]\nfresh = true\n\n'
     first = text.index("[[shapes]]")
     (tmp_path / "cluster.toml").write_text(text[:first] + small + text[first:])
@@ -227,8 +227,8 @@ def test_recorded_elite_as_a_pytorch_op(tmp_path: Path):
 
 def _paged_twins(name: str, params: dict, build_cache: Path):
     """(task, module) of `params` in the paged space and in its contiguous twin."""
-    paged = build_candidate(load_space(SPACES_DIR / f"{name}_paged.toml"), params, build_cache)
-    flat = build_candidate(load_space(SPACES_DIR / f"{name}.toml"), params, build_cache)
+    paged = build_candidate(load_space(space_file(f"{name}_paged.toml")), params, build_cache)
+    flat = build_candidate(load_space(space_file(f"{name}.toml")), params, build_cache)
     return paged, flat
 
 
@@ -300,7 +300,7 @@ def test_tma_loads_give_the_cp_async_kernels_bits(name: str, q_dtype: str, dequa
     with the same genes returns: ragged lengths 1 / Sk / mid-tile with NaN past them (a box brings those rows in),
     Sk not a multiple of a slice (rows past Sk read as zeros, not the next head's), one head and many splits; right
     call after call and from CUDA-graph replays."""
-    text = (SPACES_DIR / f"{name}.toml").read_text().replace('Q_DTYPE = "float16"', f'Q_DTYPE = "{q_dtype}"')
+    text = (space_file(f"{name}.toml")).read_text().replace('Q_DTYPE = "float16"', f'Q_DTYPE = "{q_dtype}"')
     if "fp8" not in name:
         text = text.replace('KV_DTYPE = "float16"', f'KV_DTYPE = "{q_dtype}"')
     (tmp_path / "space.toml").write_text(text)
@@ -320,7 +320,7 @@ def test_one_conversion_buffer_gives_the_two_buffer_kernels_bits(mma_rows: str, 
     """DEQUANT = shared_single (V converted over K's fp16 rows once the scores are in registers) computes what
     DEQUANT = shared computes, bit for bit: ragged lengths with NaN past them (V's tail rows zeroed in the one
     buffer), a last slice shorter than a tile, many splits; right call after call and from graph replays."""
-    space = load_space(SPACES_DIR / "decode_fp8kv_d128.toml")
+    space = load_space(space_file("decode_fp8kv_d128.toml"))
     params = {"BLOCK_N": 64, "NUM_WARPS": 4, "STAGES": 2, "LOAD_PATH": "tma", "COPY_BYTES": 16, "M_TILES": 1,
               "Q_IN_REGISTERS": mma_rows == "keys", "SPLIT_WAVES": 1,
               "COMBINE": "separate" if mma_rows == "queries" else "dependent", "FAST_EXP": True,

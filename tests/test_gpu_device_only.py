@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
@@ -32,7 +32,7 @@ def _picks(space, rnd: random.Random) -> list:
 
 
 def test_device_only_msda_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch):
-    space = load_space(SPACES_DIR / "cuda_msda_fp16.toml")
+    space = load_space(space_file("cuda_msda_fp16.toml"))
     factory = CandidateFactory(space)
     cands = [factory.from_genome(g) for g in _picks(space, random.Random(5))]
     _host_code_vs_device_only(space, cands, build_cache, monkeypatch, "cuda_msda_fp16")
@@ -99,7 +99,7 @@ def _host_code_vs_device_only(space, cands, build_cache: Path, monkeypatch, labe
 @pytest.mark.parametrize("space_name", ["decode_fp8kv_d128_paged", "decode_fp16_d128"])
 def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
                                                                       space_name: str):
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    space = load_space(space_file(f"{space_name}.toml"))
     factory = CandidateFactory(space)
     cands = [factory.from_genome(g) for g in _decode_picks(space, random.Random(7))]
     _host_code_vs_device_only(space, cands, build_cache, monkeypatch, space_name)
@@ -108,7 +108,7 @@ def test_device_only_decode_builds_pass_the_checks_and_keep_their_time(build_cac
 @pytest.mark.parametrize("space_name", ["sdpa_hopper_fp16_d128", "sdpa_hopper_fp8_d128", "sdpa_fp16_d64"])
 def test_device_only_sdpa_builds_pass_the_checks_and_keep_their_time(build_cache: Path, monkeypatch,
                                                                     space_name: str):
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    space = load_space(space_file(f"{space_name}.toml"))
     factory = CandidateFactory(space)
     cands = [factory.from_genome(g) for g in _sdpa_picks(space, random.Random(11))]
     _host_code_vs_device_only(space, cands, build_cache, monkeypatch, space_name)

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import torch.nn.functional as F  # noqa: E402
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.cli import main  # noqa: E402
 from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape, make_inputs, reference  # noqa: E402
 
@@ -67,7 +67,7 @@ time = true
 
 
 def _search_and_export(tmp: Path, space: str, shapes: str, cache: Path) -> object:
-    text = (SPACES_DIR / f"{space}.toml").read_text()
+    text = (space_file(f"{space}.toml")).read_text()
     text = text[: text.index("[[shapes]]")] + shapes
     (tmp / "space.toml").write_text(text)
     rc = main(["search", "--space", str(tmp / "space.toml"), "--budget", "4", "--population", "4", "--db",

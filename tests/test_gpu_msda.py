@@ -13,12 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file, shipped_space_files  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.cli import main  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
-SPACES = sorted(p for p in SPACES_DIR.glob("cuda_msda*.toml"))
+SPACES = sorted(p for p in shipped_space_files("cuda_msda*.toml"))
 
 
 @pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.stem)
@@ -56,7 +56,7 @@ def test_fused_softmax_of_logits_on_every_path(tmp_path: Path, build_cache: Path
     match the float64 softmax + MSDA reference on every shape, fresh inputs each."""
     from evoengineer.evaluators.local import LocalEvaluator
 
-    text = (SPACES_DIR / "cuda_msda_fp16.toml").read_text()
+    text = (space_file("cuda_msda_fp16.toml")).read_text()
     text = text.replace('VALUE_DTYPE = "float16"', 'VALUE_DTYPE = "float16"\nATTENTION = "logits"')
     (tmp_path / "logits.toml").write_text(text)
     space = load_space(tmp_path / "logits.toml")
@@ -93,7 +93,7 @@ def test_window_pipeline_path_is_correct(space_name: str, build_cache: Path):
     tiles, 1x1 and 1-wide levels, M = 1 / 3 / 5 / 8 and random points, most of them outside their windows."""
     from evoengineer.evaluators.local import LocalEvaluator
 
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    space = load_space(space_file(f"{space_name}.toml"))
     base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
             "SHARED_META": True, "PERSISTENT": False, "PREFETCH": False, "MIN_BLOCKS_PER_SM": 1,
             "STAGE_VALUES": False, "CACHE_SMALL_LEVEL": False, "BRANCH_FREE": False, "HALF2": False,
@@ -130,7 +130,7 @@ def test_head_major_value_gives_the_same_output(build_cache: Path):
     from evoengineer.families import get_task
     from evoengineer.families.msda.task import INPUT_KEYS, MSDAShape
 
-    space = load_space(SPACES_DIR / "cuda_msda_fp16.toml")
+    space = load_space(space_file("cuda_msda_fp16.toml"))
     task = get_task(space)
     base = {"NUM_WARPS": 8, "NUM_PRODUCER_WARPS": 0, "STAGES": 1, "QUERIES_PER_BLOCK": 8, "D_STRIDE": 8,
             "SHARED_META": False, "PERSISTENT": False, "PREFETCH": True, "MIN_BLOCKS_PER_SM": 2,
@@ -233,7 +233,7 @@ def test_a_deadlocking_msda_genome_ends_as_timeout(tmp_path: Path, build_cache: 
     `timeout`, replaces the worker, and the next candidate is measured normally."""
     from evoengineer.evaluators.local import LocalEvaluator
 
-    text = (SPACES_DIR / "cuda_msda_fp16.toml").read_text()
+    text = (space_file("cuda_msda_fp16.toml")).read_text()
     text = text.replace('VALUE_DTYPE = "float16"', 'VALUE_DTYPE = "float16"\nDEADLOCK_FOR_TESTS = true')
     text = text.replace("timeout_s = 60", "timeout_s = 10")
     assert "DEADLOCK_FOR_TESTS" in text and "timeout_s = 10" in text

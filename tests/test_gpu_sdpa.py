@@ -12,12 +12,12 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from conftest import assert_right_call_after_call  # noqa: E402
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file, shipped_space_files  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
 # the mma.sync family's spaces (the Hopper-native template has tests/test_gpu_sdpa_hopper.py)
-SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_*.toml")
+SPACES = sorted(p for p in shipped_space_files("sdpa_*.toml")
                 if 'template = "cuda/sdpa.cu.j2"' in p.read_text())
 
 
@@ -80,7 +80,7 @@ def test_persistent_cta_kernel_is_right_call_after_call(space_name: str, build_c
     from evoengineer.families import get_task
     from evoengineer.families.sdpa.task import SDPAShape
 
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    space = load_space(space_file(f"{space_name}.toml"))
     task = get_task(space)
     persistent = [g for g in space.valid_genomes() if space.genome_to_params(g)["USE_PERSISTENT_CTA"]]
     persistent = random.Random(3).sample(persistent, len(persistent))

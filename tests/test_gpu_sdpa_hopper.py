@@ -1,4 +1,4 @@
-"""GPU tests (skipped without CUDA) of the Hopper-native SDPA family (templates/cuda/sdpa_hopper.cu.j2): sampled
+"""GPU tests (skipped without CUDA) of the Hopper-native SDPA family (evoengineer/families/sdpa/cuda/sdpa_hopper.cu.j2): sampled
 genomes of every sdpa_hopper space through the real pipeline (ragged tails, causal, Sq != Sk, B = H = 1), a
 persistent kernel called again and again (eagerly, on other shapes, from a CUDA graph), FP8 attention (e4m3 Q/K/V,
 V transposed in shared memory) against float64 attention on the dequantized inputs and fp16 SDPA on the unquantized
@@ -16,11 +16,11 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from conftest import assert_right, assert_right_call_after_call, build_candidate, build_result  # noqa: E402
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import shipped_space_files, space_file  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 
-SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_hopper_*.toml") if not p.stem.endswith("_large"))
+SPACES = sorted(p for p in shipped_space_files("sdpa_hopper_*.toml") if not p.stem.endswith("_large"))
 BOOLS = ("PINGPONG", "INTRA_WG_OVERLAP", "PERSISTENT", "Q_PREFETCH", "FAST_EXP")
 
 
@@ -90,7 +90,7 @@ def test_persistent_kernel_is_right_call_after_call(name: str, build_cache: Path
     from evoengineer.families.sdpa.task import SDPAShape
 
     fp8 = name.startswith("fp8_")
-    space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
+    space = load_space(space_file("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
     params = {**PERSISTENT_GENOMES, **FP8_PERSISTENT}[name]
     assert not space.violated(params)
     task, module = build_candidate(space, params, build_cache)
@@ -112,7 +112,7 @@ def test_dynamic_scheduler_counters_across_launches_and_streams(name: str, build
     from evoengineer.families.sdpa.task import SDPAShape
 
     fp8 = name.startswith("fp8_")
-    space = load_space(SPACES_DIR / ("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
+    space = load_space(space_file("sdpa_hopper_fp8_d128.toml" if fp8 else "sdpa_hopper_fp16_d64.toml"))
     task, module = build_candidate(space, {**PERSISTENT_GENOMES, **FP8_PERSISTENT}[name], build_cache)
     tiny = task.make_inputs(SDPAShape("tiny", B=2, H=2, Sq=130, Sk=200, causal=True), 21)
     out = task.new_output(tiny)
@@ -178,7 +178,7 @@ def test_dynamic_scheduler_kernels_are_sanitizer_clean(build_cache: Path):
     if find_tool() is None:
         pytest.skip("compute-sanitizer not found")
     for space_name, params in SANITIZED:
-        space = load_space(SPACES_DIR / f"{space_name}.toml")
+        space = load_space(space_file(f"{space_name}.toml"))
         assert not space.violated(params)
         _, cand, r = build_result(space, params, build_cache)
         verdict = certify([{"hash": cand.hash, "so": r.so, "module": r.module}], space_text=space.text,
@@ -193,7 +193,7 @@ def test_a_deadlocking_hopper_genome_ends_as_timeout(tmp_path: Path, build_cache
     candidate (the same genes, not persistent) is measured normally."""
     from evoengineer.evaluators.local import LocalEvaluator
 
-    text = (SPACES_DIR / "sdpa_hopper_fp16_d64.toml").read_text()
+    text = (space_file("sdpa_hopper_fp16_d64.toml")).read_text()
     text = text.replace('KV_DTYPE = "float16"', 'KV_DTYPE = "float16"\nHANG_FOR_TESTS = true')
     text = text.replace("timeout_s = 60", "timeout_s = 10")
     assert "HANG_FOR_TESTS" in text and "timeout_s = 10" in text
@@ -226,7 +226,7 @@ def test_fp8_attention_against_fp16_sdpa_and_its_op(out_dtype: str, tmp_path: Pa
     import evoengineer
     from evoengineer.families.sdpa.task import SDPAShape, sdpa_fp16_original
 
-    text = (SPACES_DIR / "sdpa_hopper_fp8_d128.toml").read_text().replace('OUT_DTYPE = "float16"',
+    text = (space_file("sdpa_hopper_fp8_d128.toml")).read_text().replace('OUT_DTYPE = "float16"',
                                                                          f'OUT_DTYPE = "{out_dtype}"')
     (tmp_path / "fp8.toml").write_text(text)
     space = load_space(tmp_path / "fp8.toml")

@@ -15,7 +15,7 @@ import torch
 
 from evoengineer.families.msda import task as msda
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "cpu" / "msda.cpp.j2"
+TEMPLATE = Path(__file__).resolve().parents[1] / "evoengineer" / "families" / "msda" / "cpu" / "msda.cpp.j2"
 
 # Non power-of-two D with D % D_VEC != 0 exercises the scalar channel tail.
 ODD_SHAPE_D20 = msda.MSDAShape("odd_d20", N=1, Lq=13, M=2, D=20, P=4, levels=((5, 3), (2, 2), (1, 1), (3, 1)))
@@ -212,11 +212,11 @@ def test_logit_inputs_and_reference():
 @pytest.mark.parametrize("attention", [None, "weights", "logits"])
 def test_the_cpu_templates_header_says_what_attention_weights_holds(attention):
     """The header names the attention mode the kernel was rendered for (it said "logits" for every kernel)."""
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.candidate import CandidateFactory
     from evoengineer.space.spec import SearchSpace
 
-    path = SPACES_DIR / "cpu_msda.toml"
+    path = space_file("cpu_msda.toml")
     text = path.read_text()
     if attention is not None:
         text = text.replace('VALUE_DTYPE = "float32"\n', f'VALUE_DTYPE = "float32"\nATTENTION = "{attention}"\n')

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, write_toy_landscape
-from evoengineer import ROOT, SPACES_DIR
+from evoengineer import ROOT, space_file, shipped_space_files
 from evoengineer.cli import install_command, main, run_state
 from evoengineer.errors import UserError
 from evoengineer.search.driver import settings_from
@@ -18,7 +18,7 @@ from evoengineer.space import load_space
 from evoengineer.space.spec import resolve_space_arg
 
 
-@pytest.mark.parametrize("space_file", sorted(SPACES_DIR.glob("*.toml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("space_file", sorted(shipped_space_files("*.toml")), ids=lambda p: p.stem)
 def test_a_small_budget_shrinks_the_default_population(space_file: Path, capsys):
     space = load_space(space_file)
     s = settings_from(space, "ga", budget=4)
@@ -28,7 +28,7 @@ def test_a_small_budget_shrinks_the_default_population(space_file: Path, capsys)
 
 
 def test_a_population_given_larger_than_the_budget_is_refused_with_a_pointer():
-    space = load_space(SPACES_DIR / "cpu_msda.toml")
+    space = load_space(space_file("cpu_msda.toml"))
     with pytest.raises(UserError, match=r"--population 12 is larger than --budget 4.*--help"):
         settings_from(space, "ga", budget=4, population=12)
     with pytest.raises(UserError, match="--elite 5"):
@@ -47,7 +47,7 @@ def test_search_with_budget_4_on_the_cpu_space_defaults(tmp_path: Path, monkeypa
 def test_an_unknown_space_name_lists_the_known_ones():
     with pytest.raises(UserError, match=r"--space nope: .*not a shipped space \(known: .*cpu_msda"):
         resolve_space_arg("nope")
-    assert resolve_space_arg("cpu_msda") == SPACES_DIR / "cpu_msda.toml"
+    assert resolve_space_arg("cpu_msda") == space_file("cpu_msda.toml")
 
 
 def test_the_printed_install_command_names_a_path():

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from evoengineer import ROOT, SPACES_DIR
+from evoengineer import ROOT, shipped_space_files
 from evoengineer.candidate import CandidateFactory
 from evoengineer.evaluators.replay import Landscape
 from evoengineer.space import load_space
 
 LANDSCAPES = sorted((ROOT / "experiments").rglob("landscape*.csv"))
-SPACE_FILES = sorted(SPACES_DIR.glob("*.toml")) + sorted((ROOT / "experiments").rglob("*.toml"))
+SPACE_FILES = sorted(shipped_space_files("*.toml")) + sorted((ROOT / "experiments").rglob("*.toml"))
 
 
 def _parameter_columns(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""The Hopper-native SDPA spaces (search_spaces/sdpa_hopper_*.toml) and their template, without a GPU: every space
+"""The Hopper-native SDPA spaces (evoengineer/families/sdpa/spaces/sdpa_hopper_*.toml) and their template, without a GPU: every space
 loads, its constraints keep every valid genome inside shared memory and the consumers' setmaxnreg budget as the
 template computes it, rendered genomes carry the wgmma operand lists their tiles need, and the planted hang exists
 only where a test asks for it."""
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evoengineer import SPACES_DIR
+from evoengineer import space_file, shipped_space_files
 from evoengineer.candidate import CandidateFactory
 from evoengineer.space import load_space
 
-SPACES = sorted(SPACES_DIR.glob("sdpa_hopper_*.toml"))
+SPACES = sorted(shipped_space_files("sdpa_hopper_*.toml"))
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 
 
@@ -31,8 +31,8 @@ def test_the_mixed_spaces_time_the_four_large_grid_rows_and_share_the_large_gene
     """A mixed space is its _large twin (genes, constraints, correctness shapes) timed on (16, 16, 1024) and
     (4, 16, 4096), non-causal and causal."""
     for kind in ("fp16_d64", "fp16_d128", "fp8_d128"):
-        mixed = load_space(SPACES_DIR / f"sdpa_hopper_{kind}_mixed_large.toml")
-        large = load_space(SPACES_DIR / f"sdpa_hopper_{kind}_large.toml")
+        mixed = load_space(space_file(f"sdpa_hopper_{kind}_mixed_large.toml"))
+        large = load_space(space_file(f"sdpa_hopper_{kind}_large.toml"))
         assert mixed.names == large.names and mixed.count_valid() == large.count_valid()
         assert mixed.signature == large.signature
         untimed = lambda s: [x for x in s.shapes if not x.get("time")]  # noqa: E731
@@ -108,7 +108,7 @@ def test_space_constraints_match_the_template(space_file: Path):
 
 
 def test_constraints_turn_away_what_the_template_refuses():
-    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d64.toml")
+    space = load_space(space_file("sdpa_hopper_fp16_d64.toml"))
     base = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
             "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": True, "FAST_EXP": True,
             "CLUSTER_SIZE": 1, "SCHEDULER": "static"}
@@ -122,13 +122,13 @@ def test_constraints_turn_away_what_the_template_refuses():
                 {"BLOCK_M": 256, "BLOCK_N": 176},               # two m64 tiles of S, P and O exceed 240 registers
                 {"SCHEDULER": "dynamic", "PERSISTENT": False, "Q_PREFETCH": False}):  # a grid of one CTA per tile
         assert space.violated({**base, **bad}), bad
-    d128 = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128.toml")
+    d128 = load_space(space_file("sdpa_hopper_fp16_d128.toml"))
     # Q (two buffers) and four stages of 176-key K and V tiles at head dim 128: over 227 KB
     assert d128.violated({**base, "BLOCK_N": 176, "STAGES": 4})
 
 
 def test_the_planted_hang_needs_the_test_flag_and_a_persistent_genome(tmp_path: Path):
-    text = (SPACES_DIR / "sdpa_hopper_fp16_d64.toml").read_text()
+    text = (space_file("sdpa_hopper_fp16_d64.toml")).read_text()
     (tmp_path / "hang.toml").write_text(text.replace('KV_DTYPE = "float16"', 'KV_DTYPE = "float16"\nHANG_FOR_TESTS = true'))
     space = load_space(tmp_path / "hang.toml")
     p = space.genome_to_params(next(g for g in space.valid_genomes() if space.genome_to_params(g)["PERSISTENT"]))
@@ -138,7 +138,7 @@ def test_the_planted_hang_needs_the_test_flag_and_a_persistent_genome(tmp_path: 
 
 
 def test_cluster_genomes_render_multicast_and_cluster_wide_release():
-    space = load_space(SPACES_DIR / "sdpa_hopper_bf16_d128.toml")
+    space = load_space(space_file("sdpa_hopper_bf16_d128.toml"))
     factory = CandidateFactory(space)
     valid = [space.genome_to_params(g) for g in space.valid_genomes()]
     assert {p["CLUSTER_SIZE"] for p in valid} == {1, 2}
@@ -155,7 +155,7 @@ def test_cluster_genomes_render_multicast_and_cluster_wide_release():
 def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
     """FP8 attention: the spaces' signature (e4m3 Q/K/V, fp16 out) and gate shape; the template refuses what its FP8
     path does not do (head dim 64, BLOCK_N not a multiple of 32, an FP8 output, mixed dtypes) with #error."""
-    space = load_space(SPACES_DIR / "sdpa_hopper_fp8_d128.toml")
+    space = load_space(space_file("sdpa_hopper_fp8_d128.toml"))
     assert space.signature == {"HEAD_DIM": 128, "Q_DTYPE": "float8_e4m3", "KV_DTYPE": "float8_e4m3",
                                "OUT_DTYPE": "float16"}
     gate = next(s for s in space.shapes if s["name"] == "gate")
@@ -174,7 +174,7 @@ def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
         return re.findall(r'^#error "([^"]*)"', src, re.M)
 
     assert errors(ok) == []
-    text = (SPACES_DIR / "sdpa_hopper_fp8_d128.toml").read_text()
+    text = (space_file("sdpa_hopper_fp8_d128.toml")).read_text()
     variants = (('OUT_DTYPE = "float16"', 'OUT_DTYPE = "bfloat16"', None),
                 ('HEAD_DIM = 128', 'HEAD_DIM = 64', "HEAD_DIM must be 64 or 128 (FP8: 128"),
                 ('OUT_DTYPE = "float16"', 'OUT_DTYPE = "float8_e4m3"', "OUT_DTYPE"),
@@ -194,7 +194,7 @@ def test_fp8_spaces_and_the_template_refusals(tmp_path: Path):
 def test_desc_offsets_switches_only_the_descriptor_path():
     """DESC_OFFSETS (wgmma descriptors as a base plus constants, or rebuilt per wgmma) changes one trait of the
     rendered kernel and nothing else: off, a genome renders the kernel that earlier landscapes measured."""
-    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128_large.toml")
+    space = load_space(space_file("sdpa_hopper_fp16_d128_large.toml"))
     factory = CandidateFactory(space)
     g = space.genome_to_params(random.Random(3).choice(space.valid_genomes()))
     on = factory.make({**g, "DESC_OFFSETS": True}).source.splitlines()
@@ -208,7 +208,7 @@ def test_desc_offsets_switches_only_the_descriptor_path():
 def test_scheduler_dynamic_adds_the_counter_and_static_renders_no_trace_of_it():
     """SCHEDULER = dynamic: a counter slot per launch, the tile handed over in shared memory (and across a cluster by
     st.async); static renders no counter, hand-over or extra barriers (the kernel earlier landscapes measured)."""
-    space = load_space(SPACES_DIR / "sdpa_hopper_fp16_d128_mixed_large.toml")
+    space = load_space(space_file("sdpa_hopper_fp16_d128_mixed_large.toml"))
     factory = CandidateFactory(space)
     g = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 3, "NUM_CONSUMER_WARPGROUPS": 2, "PRODUCER_REGS": 24,
          "PINGPONG": True, "INTRA_WG_OVERLAP": True, "PERSISTENT": True, "Q_PREFETCH": False, "FAST_EXP": True,

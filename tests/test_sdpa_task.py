@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evoengineer import SPACES_DIR
+from evoengineer import space_file, shipped_space_files
 from evoengineer.errors import UserError
 from evoengineer.space import load_space
 from evoengineer.space.spec import SearchSpace
@@ -18,7 +18,7 @@ from evoengineer.families.sdpa import task as sdpa
 from evoengineer.families import get_task
 
 # the mma.sync family's spaces (the Hopper-native template has tests/test_gpu_sdpa_hopper.py)
-SPACES = sorted(p for p in SPACES_DIR.glob("sdpa_*.toml")
+SPACES = sorted(p for p in shipped_space_files("sdpa_*.toml")
                 if 'template = "cuda/sdpa.cu.j2"' in p.read_text())
 FP8 = torch.float8_e4m3fn
 
@@ -55,7 +55,7 @@ def test_bad_shapes_raise(bad, match):
 
 
 def _space_text(sig: str, shapes: str) -> str:
-    text = (SPACES_DIR / "sdpa_fp16_d64.toml").read_text()
+    text = (space_file("sdpa_fp16_d64.toml")).read_text()
     head = text[:text.index("[signature]")]
     tail = text[text.index("[parameters]"):text.index("[[shapes]]")]
     return f"{head}[signature]\n{sig}\n\n{tail}{shapes}"
@@ -158,7 +158,7 @@ def test_flops_and_bytes():
 
 # ---- the task ----------------------------------------------------------------------------------------------------
 def _cpu_task(space_name: str):
-    task = get_task(load_space(SPACES_DIR / f"{space_name}.toml"))
+    task = get_task(load_space(space_file(f"{space_name}.toml")))
     task.device = "cpu"
     return task
 

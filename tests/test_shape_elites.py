@@ -70,10 +70,10 @@ def test_document_entries_and_table(tmp_path: Path):
 
 
 def test_shape_specs_are_the_parsed_shapes():
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.space.spec import SearchSpace
 
-    text = (SPACES_DIR / "cpu_msda.toml").read_text().replace("checks = 1\ntime = true", "checks = 1\ntime = true\n"
+    text = (space_file("cpu_msda.toml")).read_text().replace("checks = 1\ntime = true", "checks = 1\ntime = true\n"
                                                               "\n[[shapes]]\nname = \"enc\"\nN = 1\nLq = \"S\"\nM = 8"
                                                               "\nD = 32\nP = 4\nlevels = [[4, 5], [2, 3], [1, 2], "
                                                               "[1, 1]]\nref = \"pixels\"\ntime = true\n")

@@ -460,13 +460,13 @@ def test_float_parameter_accepts_int_value(sdir: Path):
 
 # ---- `spaces` command -------------------------------------------------------------------------------------------
 def test_spaces_lists_shipped_spaces(capsys):
-    from evoengineer import SPACES_DIR
+    from evoengineer import shipped_space_files
     from evoengineer.cli import main
 
     assert main(["spaces"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["space", "task", "backend"]
-    shipped = sorted(SPACES_DIR.glob("*.toml"))
+    shipped = sorted(shipped_space_files("*.toml"))
     assert len(out) == 1 + len(shipped)
     for p in shipped:
         s = load_space(p)
@@ -483,6 +483,7 @@ def test_spaces_lists_a_folder_of_spaces(tmp_path: Path, monkeypatch, capsys):
         shutil.copy(DATA / name, tmp_path / name)
     (tmp_path / "b.toml").write_text((DATA / "toy_space.toml").read_text().replace('name = "toy"', 'name = "toy_b"'))
     monkeypatch.setattr(evoengineer.paths, "SPACES_DIR", tmp_path)
+    monkeypatch.setattr(evoengineer.paths, "FAMILIES_DIR", tmp_path / "no_families")  # only that folder
     assert main(["spaces"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [l.split()[0] for l in out] == ["space", "toy_b", "toy"]  # by file name

@@ -12,7 +12,7 @@ from evoengineer.errors import UserError
 from evoengineer.space import SearchSpace, load_space
 
 ROOT = Path(__file__).resolve().parents[1]
-SPACES = ROOT / "search_spaces"
+SPACES = ROOT / "evoengineer" / "families"
 
 BASE = '''name = "base"
 template = "k.cpp.j2"
@@ -137,7 +137,7 @@ def test_the_merged_space_is_checked_like_any_other(folder: Path):
 
 
 def test_shipped_spaces_that_extend_another_load_and_store_merged_text():
-    extending = [p for p in sorted(SPACES.glob("*.toml")) if "\nextends = " in "\n" + p.read_text()]
+    extending = [p for p in sorted(SPACES.glob("*/spaces/*.toml")) if "\nextends = " in "\n" + p.read_text()]
     assert len(extending) >= 8
     for p in extending:
         s = load_space(p)

@@ -14,6 +14,7 @@ from conftest import DATA, ROOT
 from evoengineer.candidate import CandidateFactory, render
 from evoengineer.cli import main
 from evoengineer.errors import UserError
+from evoengineer.paths import shipped_space_files
 from evoengineer.space import SearchSpace, load_space
 from evoengineer.space.flags import flag_problem
 
@@ -76,7 +77,7 @@ def test_symlink_out_of_the_folder_is_refused(sdir: Path, outside: Path):
 
 def test_symlink_to_a_shipped_template_from_the_space_folder_is_refused(sdir: Path):
     # the space folder's own file wins; that it points at a shipped template does not make it inside the space folder
-    (sdir / "m.j2").symlink_to(ROOT / "templates" / "cpu" / "msda.cpp.j2")
+    (sdir / "m.j2").symlink_to(ROOT / "evoengineer" / "families" / "msda" / "cpu" / "msda.cpp.j2")
     refused(write_space(sdir, '"m.j2"'), "outside")
 
 
@@ -89,8 +90,14 @@ def test_templates_inside_the_folder_or_shipped_are_accepted(sdir: Path):
         s = load_space(write_space(sdir, f'"{template}"'))
         assert s.template_path == path.resolve()
         assert render(s, {"A": 2}).startswith("int ")
-    shipped = load_space(write_space(sdir, '"cpu/msda.cpp.j2"'))
-    assert shipped.template_path == (ROOT / "templates" / "cpu" / "msda.cpp.j2").resolve()
+    # a shipped family's template, found in its family's folder (the space names the family)
+    (sdir / "m.toml").write_text(HEADER.format(template='"cpu/msda.cpp.j2"').replace('task = "t"', 'task = "msda"')
+                                 + PARAMS)
+    shipped = SearchSpace.from_text((sdir / "m.toml").read_text(), sdir / "m.toml", check_valid=False)
+    assert shipped.template_path == (ROOT / "evoengineer" / "families" / "msda" / "cpu" / "msda.cpp.j2").resolve()
+    # and a file of the shipped templates folder (what families share)
+    block = load_space(write_space(sdir, '"cuda/common/smem.cuh.j2"'))
+    assert block.template_path == (ROOT / "templates" / "cuda" / "common" / "smem.cuh.j2").resolve()
 
 
 def test_the_template_is_never_read_from_outside(sdir: Path, outside: Path):
@@ -174,7 +181,7 @@ def test_ordinary_flags_are_accepted(sdir: Path, flag: str):
 
 
 def test_every_shipped_and_test_space_loads():
-    files = sorted(glob.glob(str(ROOT / "search_spaces" / "*.toml")))
+    files = [str(p) for p in shipped_space_files()]
     files += sorted(glob.glob(str(DATA / "**" / "*.toml"), recursive=True))
     assert len(files) > 10
     for f in files:

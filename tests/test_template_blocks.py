@@ -9,14 +9,18 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = ROOT / "templates"
+TEMPLATES = ROOT / "templates"  # what families share (templates/cuda/common/)
+FAMILIES = ROOT / "evoengineer" / "families"  # each shipped family's own templates (cuda/, cpu/)
 MAX_LINES = 800
 ASM = re.compile(r'asm\s*(?:volatile\s*)?\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)')  # adjacent literals: one string
 INCLUDE = re.compile(r'{%-?\s*include\s+"([^"]+)"')
 
 
 def _files() -> list[Path]:
-    return sorted(p for p in TEMPLATES.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    """Every shipped template file: the shared ones and each family's."""
+    shared = [p for p in TEMPLATES.rglob("*") if p.is_file()]
+    own = [p for p in FAMILIES.glob("*/*/**/*") if p.is_file() and p.suffix == ".j2"]
+    return sorted(p for p in shared + own if "__pycache__" not in p.parts)
 
 
 def _instructions(asm_text: str) -> tuple[str, ...]:
@@ -40,7 +44,7 @@ def test_each_ptx_instruction_is_wrapped_in_one_file():
     for p in _files():
         for m in ASM.finditer(p.read_text()):
             text = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1)))
-            where[" ; ".join(_instructions(text))].add(str(p.relative_to(TEMPLATES)))
+            where[" ; ".join(_instructions(text))].add(str(p.relative_to(ROOT)))
     twice = {k: sorted(v) for k, v in where.items() if k and len(v) > 1}
     assert not twice, f"one helper per instruction (templates/cuda/common/): {twice}"
 
@@ -52,9 +56,12 @@ def test_the_instruction_parser_sees_through_braces_and_scratch_registers():
 
 
 def test_every_include_names_a_file_of_the_template_folders():
-    roots = [TEMPLATES / "cuda", TEMPLATES / "cpu", TEMPLATES]
+    """An include resolves as the renderer's loader resolves it: the including template's folder (a family's
+    template: its family's cuda/ or cpu/ folder), templates/cuda/ (the shared blocks), templates/."""
     missing = []
     for p in _files():
+        top = next((parent for parent in p.parents if parent.parent.parent == FAMILIES), p.parent)
+        roots = [top, TEMPLATES / "cuda", TEMPLATES]
         for name in INCLUDE.findall(p.read_text()):
             if not any((r / name).is_file() for r in roots):
                 missing.append(f"{p.relative_to(ROOT)}: {name}")

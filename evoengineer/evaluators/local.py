@@ -199,22 +199,25 @@ class LocalEvaluator(BuildAheadEvaluator):
     def _submit_baselines(self) -> dict[str, tuple[str, "Future[BuildResult]"]]:
         """Ask for the family's baseline kernels (cached like candidates) before anything else is built."""
         if self._baseline_futures is None:
-            from evoengineer.candidate import fixed_candidate
-
-            self._baseline_futures = {name: (template, self.builder.submit(fixed_candidate(self.space, template, name)))
+            self._baseline_futures = {name: (template, self.builder.submit(self._baseline_candidate(template, name)))
                                       for name, template in self.task.baseline_kernels().items()}
         return self._baseline_futures
+
+    def _baseline_candidate(self, template: str, name: str) -> Any:
+        """A baseline kernel of the family (its template found beside the family, then among the shipped ones)."""
+        from evoengineer.candidate import fixed_candidate
+
+        where = getattr(type(self.task), "template_path", None)
+        return fixed_candidate(self.space, template, name, where(template) if where else None)
 
     def _baselines(self) -> list[dict[str, str]]:
         """The built baseline kernels; the worker times them."""
         if self._baseline_builds is None:
-            from evoengineer.candidate import fixed_candidate
-
             builds = []
             for name, (template, f) in self._submit_baselines().items():
                 r = f.result()
                 if r.retry:
-                    r = self.builder.submit(fixed_candidate(self.space, template, name)).result()
+                    r = self.builder.submit(self._baseline_candidate(template, name)).result()
                 if r.status != "ok":
                     raise WorkerFailure("build_error", f"baseline {name} ({template}) failed: {r.status}: {r.reason}")
                 builds.append({"name": name, "so": r.so, "module": r.module})

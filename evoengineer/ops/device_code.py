@@ -57,6 +57,8 @@ def cubin_for(folder: Path, kernel: dict[str, Any], root: Path, arch: str) -> Pa
     compiler can retarget it."""
     rec = kernel["cubin"]
     name = kernel["hash"][:12]
+    if rec.get("file") != CUBIN_FILE:
+        raise RuntimeError(f"kernel {name}: cubin.file {rec.get('file')!r}: expected {CUBIN_FILE!r} beside kernel.json")
     if cubin_runs_on(rec["arch"], arch):
         path = folder / rec["file"]
         if not path.is_file() or _sha256(path) != rec["sha256"]:

@@ -249,8 +249,8 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     if cubin and (cubin.get("launched") or os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0"):
         # device code exported as a cubin: the family binding loads it, nothing of the kernel is compiled here
         def load(device: int) -> Any:
-            cubin = device_code.cubin_for(folder, kernel, root, device_code.device_arch(device))
-            return device_code.load_cubin(binding, cubin, kernel, device)
+            path = device_code.cubin_for(folder, kernel, root, device_code.device_arch(device))
+            return device_code.load_cubin(binding, path, kernel, device)
 
         module = device_code.PerDeviceModule(load, torch.cuda.current_device())
         _loaded()[name] = module

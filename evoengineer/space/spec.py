@@ -345,13 +345,14 @@ def read_space_text(path: Path, cannot: str) -> str:
 
 
 def resolve_space_arg(arg: str) -> Path:
-    """A space given on the command line: a path, or the name of a shipped space in search_spaces/."""
-    from evoengineer.paths import SPACES_DIR
+    """A space given on the command line: a path, or the name of a shipped space (a family's spaces/, or
+    search_spaces/)."""
+    from evoengineer.paths import space_file
 
     p = Path(arg)
     if p.exists() or p.suffix == ".toml" or "/" in arg:
         return p
-    candidate = SPACES_DIR / f"{arg}.toml"
+    candidate = space_file(f"{arg}.toml")
     if candidate.exists():
         return candidate
     known = ", ".join(q.stem for q in shipped_spaces())
@@ -360,9 +361,9 @@ def resolve_space_arg(arg: str) -> Path:
 
 
 def shipped_spaces() -> list[Path]:
-    from evoengineer.paths import SPACES_DIR
+    from evoengineer.paths import shipped_space_files
 
-    return sorted(SPACES_DIR.glob("*.toml"))
+    return shipped_space_files()
 
 
 # ---- parsing ----------------------------------------------------------------------------------------------------
@@ -608,15 +609,20 @@ def _family_folder(task: Any, path: Path | None) -> Path | None:
 
 def _resolve_template(template: str, path: Path | None, where: str, task: Any = None) -> Path:
     """The template file: relative to the space file's folder, else to the shipped templates folder, else to the
-    folder of the space's family (an installed family brings its templates), and inside that folder once symlinks
+    folder of the space's family (an installed family brings its templates), else to a shipped family's folder (where
+    the shipped templates live, `cuda/NAME.cu.j2`), and inside that folder once symlinks
     are resolved. A space file may come from anyone, and its template becomes the kernel source (stored,
     exported): an absolute path, a '..' or a symlink out of the folder could make it any file at all."""
+    from evoengineer.paths import shipped_family_dirs
+
     roots = ([path.parent.resolve()] if path is not None else []) + [TEMPLATES_DIR.resolve()]
     t = Path(template)
     if not any((r / t).exists() for r in roots) and not t.is_absolute() and ".." not in t.parts:
         folder = _family_folder(task, path)
-        if folder is not None and folder not in roots:
-            roots.append(folder)
+        # the space's family first, then every shipped family (a space may render a shipped template by its name)
+        for extra in [folder, *(d.resolve() for d in shipped_family_dirs())]:
+            if extra is not None and extra not in roots:
+                roots.append(extra)
     inside = ("a template must lie inside the space file's folder, the shipped templates folder "
               f"({TEMPLATES_DIR.resolve()}) or its family's folder")
     if t.is_absolute() or template.startswith("~"):

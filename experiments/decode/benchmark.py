@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.families.decode.task import DecodeShape, reference  # noqa: E402
 from experiments.gpu_timing import build_modules, first_line, graph_us  # noqa: E402
@@ -69,11 +69,11 @@ def parse_kernel(text: str) -> tuple[str, object, dict]:
         raise SystemExit(f"--kernel {text!r}: expected LABEL=elite.json or LABEL='SPACE:{{params}}'")
     if what.endswith(".json") and Path(what).exists():
         doc = json.loads(Path(what).read_text())
-        shipped = SPACES_DIR / f"{doc['space']}.toml"
+        shipped = space_file(f"{doc['space']}.toml")
         space = load_space(shipped if shipped.exists() else doc["space_file"])
         return label, space, dict(doc["elites"][0]["params"])
     name, _, params = what.partition(":")
-    space = load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml")
+    space = load_space(Path(name) if name.endswith(".toml") else space_file(f"{name}.toml"))
     return label, space, json.loads(params)
 
 
@@ -91,7 +91,7 @@ def config_table(path: str, table: str) -> tuple[list[tuple[str, object, dict]],
     kernels = []
     for label, k in t.get("kernels", {}).items():
         name = k["space"]
-        space = load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml")
+        space = load_space(Path(name) if name.endswith(".toml") else space_file(f"{name}.toml"))
         kernels.append((label, space, {**common, **k.get("genes", {})}))
     if not kernels:
         raise SystemExit(f"{path}: table {table!r} names no kernel")
@@ -150,7 +150,7 @@ def paged_twins(kernels: list[tuple[str, object, dict]]) -> list[tuple[str, obje
     """The paged twin (same genes) of every kernel of a contiguous space that has one."""
     out = []
     for label, space, params in kernels:
-        twin = SPACES_DIR / f"{space.name}_paged.toml"
+        twin = space_file(f"{space.name}_paged.toml")
         if space.signature.get("KV_LAYOUT", "contiguous") == "contiguous" and twin.exists():
             paged = load_space(twin)
             broken = paged.violated(params)

@@ -95,9 +95,9 @@ def _measure_list_here(params_file: str, space_name: str, cache: str) -> None:
     from evoengineer.candidate import CandidateFactory
     from evoengineer.evaluators.local import LocalEvaluator
     from evoengineer.space import load_space
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
 
-    space = load_space(SPACES_DIR / f"{space_name}.toml")
+    space = load_space(space_file(f"{space_name}.toml"))
     factory = CandidateFactory(space)
     times = []
     with LocalEvaluator(space, cache_dir=cache) as ev:

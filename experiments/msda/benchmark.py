@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.candidate import CandidateFactory, fixed_candidate  # noqa: E402
 from evoengineer.compiler.builder import Builder  # noqa: E402
 from evoengineer.compiler.steps import load_module  # noqa: E402
@@ -79,7 +79,7 @@ def timer(repeats: int):
 
 
 def bench_dtype(dtype_name: str, doc: dict, a) -> list[dict]:
-    space = load_space(SPACES_DIR / f"cuda_msda_{'fp16' if dtype_name == 'float16' else 'fp32'}.toml")
+    space = load_space(space_file(f"cuda_msda_{'fp16' if dtype_name == 'float16' else 'fp32'}.toml"))
     task = get_task(space)
     rank1 = doc["elites"][0]["params"]
     per_shape = {e["shape"]: e["params"] for e in doc.get("shape_elites", [])}

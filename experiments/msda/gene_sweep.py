@@ -54,13 +54,13 @@ def main() -> int:
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args()
 
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.candidate import CandidateFactory
     from evoengineer.evaluators.local import LocalEvaluator
     from evoengineer.space import load_space
 
     given = Path(a.space)
-    space = load_space(given if given.suffix == ".toml" and given.is_file() else SPACES_DIR / f"{a.space}.toml")
+    space = load_space(given if given.suffix == ".toml" and given.is_file() else space_file(f"{a.space}.toml"))
     base = {}
     if a.base:
         doc = json.loads(Path(a.base).read_text())

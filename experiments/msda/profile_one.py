@@ -26,11 +26,11 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
     from evoengineer.space import load_space
     from experiments.gpu_timing import build_modules
 
-    space = load_space(SPACES_DIR / f"{a.space}.toml")
+    space = load_space(space_file(f"{a.space}.toml"))
     doc = json.loads(Path(a.params).read_text())
     params = {**(doc["elites"][0]["params"] if "elites" in doc else doc), **json.loads(a.merge)}
     task, [(_, module, why)] = build_modules(space, [params], Path(a.cache_dir))

@@ -61,12 +61,12 @@ def compile_costs(a: argparse.Namespace) -> int:
     from evoengineer.compiler.builder import Builder
     from evoengineer.families import get_task
     from evoengineer.space import load_space
-    from evoengineer import SPACES_DIR
+    from evoengineer import space_file
 
     work = Path(tempfile.mkdtemp(prefix="evo-keep-busy-"))
     rows = []
     for space_name, elite_file in ELITES.items():
-        space = load_space(SPACES_DIR / f"{space_name}.toml")
+        space = load_space(space_file(f"{space_name}.toml"))
         task = get_task(space)
         factory = CandidateFactory(space)
         elite = json.loads((ROOT / elite_file).read_text())["elites"][0]

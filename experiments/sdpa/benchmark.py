@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.compiler.builder import Builder  # noqa: E402
 from evoengineer.compiler.steps import load_module  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
@@ -86,7 +86,7 @@ def config_kernels(path: str, table: str) -> list[tuple[str, object, dict]]:
     out = []
     for k in doc[table].get("kernel", []):
         name = k["space"]
-        out.append((k["name"], load_space(Path(name) if name.endswith(".toml") else SPACES_DIR / f"{name}.toml"),
+        out.append((k["name"], load_space(Path(name) if name.endswith(".toml") else space_file(f"{name}.toml")),
                     dict(k["genes"])))
     if not out:
         raise SystemExit(f"{path}: table {table!r} names no kernel")
@@ -106,7 +106,7 @@ def config_kernel(spec: str) -> tuple[object, dict]:
 def load_doc(path: str) -> tuple[dict, object]:
     """An elite.json and its space (the shipped one of that name, else the recorded space_file)."""
     doc = json.loads(Path(path).read_text())
-    shipped = SPACES_DIR / f"{doc['space']}.toml"
+    shipped = space_file(f"{doc['space']}.toml")
     space = load_space(shipped if shipped.exists() else doc["space_file"])
     return doc, space
 
@@ -275,7 +275,7 @@ def grid(a) -> list[dict]:
             raise SystemExit(f"--kernel {spec!r}: expected NAME=elite.json[@SPACE]")
         doc, space = load_doc(path)
         if space_name:  # the elite's genes rendered in another space of the family (a bf16 twin, say)
-            space = load_space(SPACES_DIR / f"{space_name}.toml")
+            space = load_space(space_file(f"{space_name}.toml"))
         # rank 1, and for a space timing several shapes each shape's winner (shape_elites) as NAME/SHAPE
         picks = [(name, elite_params(doc))]
         for e in doc.get("shape_elites") or []:

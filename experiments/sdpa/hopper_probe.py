@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmark import graph_us, with_later_genes  # noqa: E402
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.candidate import CandidateFactory  # noqa: E402
 from evoengineer.compiler.builder import Builder  # noqa: E402
 from evoengineer.compiler.steps import load_module  # noqa: E402
@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json")
     a = ap.parse_args()
-    space = load_space(SPACES_DIR / f"{a.space}.toml")
+    space = load_space(space_file(f"{a.space}.toml"))
     task = get_task(space)
     D = space.signature["HEAD_DIM"]
     # FP8: producer warps 1-3 transpose V and need 40 registers or more (the space's constraint)

@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmark import build, config_kernel, elite_params, load_doc  # noqa: E402
-from evoengineer import SPACES_DIR  # noqa: E402
+from evoengineer import space_file  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.families.sdpa.task import SDPAShape  # noqa: E402
 
@@ -50,7 +50,7 @@ def main() -> int:
     else:
         params = json.loads(a.genome)
     if a.space:  # (with --elite: its genes rendered in this space)
-        space = load_space(SPACES_DIR / f"{a.space}.toml")
+        space = load_space(space_file(f"{a.space}.toml"))
     task, (module,) = build(space, [params], Path(a.cache_dir))
     parts = a.shape.split(",")
     B, H, S = map(int, parts[:3])

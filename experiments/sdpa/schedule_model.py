@@ -2,7 +2,7 @@
 
     python experiments/sdpa/schedule_model.py [--sms 132] [--overhead 1.0]
 
-templates/cuda/sdpa_hopper.cu.j2 with PERSISTENT walks tiles t = unit, unit + units, ... (a unit is a CTA, or a
+evoengineer/families/sdpa/cuda/sdpa_hopper.cu.j2 with PERSISTENT walks tiles t = unit, unit + units, ... (a unit is a CTA, or a
 cluster of CLUSTER_SIZE CTAs on neighbouring q-blocks); causal runs order the tiles heaviest q-block first. A tile's
 cost here is the K/V tiles its unit loads (the heavier q-block of a cluster) plus a fixed `overhead` (Q load,
 epilogue, in units of one K/V tile). The model prints, per shape and tile shape, the busiest unit's cost over the

@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmark import build, graph_us, with_later_genes  # noqa: E402
 from hopper_probe import check_modules  # noqa: E402
-from evoengineer import SPACES_DIR, TEMPLATES_DIR  # noqa: E402
+from evoengineer import TEMPLATES_DIR, space_file  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.families.sdpa.task import SDPAShape  # noqa: E402
 
@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json")
     a = ap.parse_args()
-    space_file = SPACES_DIR / f"{a.space}.toml"
+    space_file = space_file(f"{a.space}.toml")
     genomes = json.loads(Path(a.genomes).read_text())
     tree = load_space(space_file)
     scratch = Path(tempfile.mkdtemp(prefix="template_ab_"))

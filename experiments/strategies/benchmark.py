@@ -41,10 +41,10 @@ from evoengineer.space.spec import SearchSpace, load_space  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "strategies" / "results"
 LANDSCAPES = {  # name: (space file, landscape CSV)
-    "cpu_msda": ("search_spaces/cpu_msda.toml", "experiments/data/strategies/landscape_cpu_msda.csv"),
+    "cpu_msda": ("evoengineer/families/msda/spaces/cpu_msda.toml", "experiments/data/strategies/landscape_cpu_msda.csv"),
     "cuda_msda_fp16": ("experiments/data/msda/cuda_msda_fp16_v1.toml",  # the space the landscape was recorded in
                        "experiments/data/msda/landscape_cuda_msda_fp16.csv"),
-    "sdpa_fp16_d64": ("search_spaces/sdpa_fp16_d64.toml", "experiments/data/sdpa/landscape_sdpa_fp16_d64.csv"),
+    "sdpa_fp16_d64": ("evoengineer/families/sdpa/spaces/sdpa_fp16_d64.toml", "experiments/data/sdpa/landscape_sdpa_fp16_d64.csv"),
 }
 DEFAULT_STRATEGIES = ["ga", "random", "optuna-tpe", "optuna-cmaes", "optuna-nsga2", "grid"]
 WITHIN = (0.01, 0.02, 0.05)

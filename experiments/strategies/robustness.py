@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark import ROOT, run_job  # noqa: E402
+from evoengineer.paths import space_file as shipped_space  # noqa: E402
 from evoengineer.space.spec import load_space  # noqa: E402
 
 FAMILIES = ("smooth", "rugged", "deceptive", "needle", "failures", "plateaus")
@@ -175,8 +176,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     jobs = []
     for sp_name in a.spaces.split(","):
-        space_file = ROOT / "search_spaces" / f"{sp_name}.toml"
-        space = load_space(space_file)
+        space = load_space(shipped_space(f"{sp_name}.toml"))
         for fam in families:
             for seed in range(a.seed_base, a.seed_base + a.seeds):
                 land = work / f"{sp_name}__{fam}__{seed}.csv"

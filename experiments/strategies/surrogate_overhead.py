@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from evoengineer.search.surrogate import SurrogateSearch  # noqa: E402
+from evoengineer.paths import space_file  # noqa: E402
 from evoengineer.space import load_space  # noqa: E402
 from evoengineer.store import CandidateRecord  # noqa: E402
 
 
 def main() -> int:
-    space = load_space(ROOT / "search_spaces" / "cuda_msda_fp16.toml")
+    space = load_space(space_file("cuda_msda_fp16.toml"))
     rng = random.Random(0)
     valid = space.valid_genomes()
     records: dict[str, CandidateRecord] = {}

@@ -1,2 +1,2 @@
 """Attention prefill (scaled dot-product attention): the task (task.py), its binding (binding.cpp) and op adapter
-(op.py); what it shares with decode is in ../attention/; templates under templates/cuda/sdpa*.cu.j2."""
+(op.py); what it shares with decode is in ../attention/; templates under evoengineer/families/sdpa/cuda/sdpa*.cu.j2."""
