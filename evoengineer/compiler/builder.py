@@ -71,12 +71,12 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 def binding_flags(flags: list[str] | None) -> list[str] | None:
     """The build flags a family binding is compiled with: those that can change what its headers declare (defines,
-    include folders, the language standard); not the kernel's optimization, target or OpenMP flags. One binding then
-    serves every space of a family and signature, whatever its kernels' flags (it is the slow compile: torch's
-    headers)."""
+    include folders, the language standard), at -O2; not the kernel's optimization, target or OpenMP flags. One
+    binding then serves every space of a family and signature, whatever its kernels' flags (it is the slow compile:
+    torch's headers)."""
     if flags is None:
         return None
-    return [f for f in flags if f.startswith(("-D", "-U", "-I", "-isystem", "-std=", "--std="))]
+    return ["-O2", *(f for f in flags if f.startswith(("-D", "-U", "-I", "-isystem", "-std=", "--std=")))]
 
 class Builder(QueuedBuilds):
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""

@@ -323,22 +323,16 @@ def load_module(so_path: str, name: str):
 
 
 def _load_cubin(cubin: Path, name: str):
-    import ctypes
-
     import torch
+
+    from evoengineer.ops.device_code import load_with_binding
 
     try:
         info = json.loads((cubin.parent / "kernel.load.json").read_text())
-        lib = ctypes.PyDLL(str(info["binding"]))  # holds the GIL: the call makes Python objects
+        binding, signature = Path(info["binding"]), str(info["signature"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ImportError(f"{cubin}: its binding does not load: {exc}") from None
-    try:
-        load = lib.evo_binding_load_cubin
-    except AttributeError:
-        raise ImportError(f"{info['binding']}: this family's binding does not load device-only builds") from None
-    load.restype = ctypes.py_object
-    load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-    return load(name.encode(), str(cubin).encode(), torch.cuda.current_device(), info["signature"].encode())
+    return load_with_binding(binding, name, cubin, torch.cuda.current_device(), signature)
 
 
 def safe(fn, job: dict[str, Any]) -> dict[str, Any]:

@@ -102,17 +102,26 @@ def _nvcc() -> str | None:
 
 
 def load_cubin(binding: Path, cubin: Path, kernel: dict[str, Any], device: int) -> Any:
-    """The kernel's module on CUDA device `device`: the family binding (a shared library) loads the cubin into the
-    device's primary context and returns a module with the functions of a host-code build (ImportError naming the
-    file when it does not load)."""
-    lib = ctypes.PyDLL(str(binding))  # holds the GIL: the call makes Python objects
+    """The exported kernel's module on CUDA device `device` (`load_with_binding`)."""
+    return load_with_binding(binding, kernel["module"], cubin, device, kernel["cubin"]["signature"])
+
+
+def load_with_binding(binding: Path, name: str, cubin: Path, device: int, signature: str) -> Any:
+    """Module `name` of a cubin on CUDA device `device`: the family binding (a shared library) loads the cubin into
+    the device's primary context and returns a module with the functions of a host-code build, for the signature it
+    was compiled for (ImportError naming the file when it does not load). The search's builds load theirs the same
+    way (compiler/steps.py)."""
+    try:
+        lib = ctypes.PyDLL(str(binding))  # holds the GIL: the call makes Python objects
+    except OSError as exc:
+        raise ImportError(f"{binding}: the family binding does not load: {exc}") from None
     try:
         load = lib.evo_binding_load_cubin
     except AttributeError:
         raise ImportError(f"{binding}: this family's binding does not load device code (cubins)") from None
     load.restype = ctypes.py_object
     load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-    return load(kernel["module"].encode(), str(cubin).encode(), device, kernel["cubin"]["signature"].encode())
+    return load(name.encode(), str(cubin).encode(), device, signature.encode())
 
 
 class PerDeviceModule:

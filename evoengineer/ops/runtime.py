@@ -285,11 +285,11 @@ def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[
     """The family binding of an exported kernel as a shared library, built once per binding source, headers, build
     settings and torch (under `root`/bindings, shared by every exported kernel of that family and signature): the
     compile that parses torch's headers is paid once, not per op. Returns the library's path."""
-    # what can change the binding's headers (defines, includes, standard), not the kernel's optimization flags:
+    # what can change the binding's headers (defines, includes, standard), at -O2; not the kernel's flags:
     # one binding for every kernel of a family and signature (compiler/builder.py: binding_flags)
     keep = ("-D", "-U", "-I", "-isystem", "-std=", "--std=")
-    flags = [f for f in flags if f.startswith(keep)]
-    cuda_flags = None if cuda_flags is None else [f for f in cuda_flags if f.startswith(keep)]
+    flags = ["-O2", *(f for f in flags if f.startswith(keep))]
+    cuda_flags = None if cuda_flags is None else ["-O2", *(f for f in cuda_flags if f.startswith(keep))]
     settings = json.dumps({"flags": flags, "cuda_flags": cuda_flags, "backend": "cuda" if cuda else "cpu"},
                           sort_keys=True).encode()
     files = [folder / "binding.cpp"] + [folder / h for h in BINDING_HEADERS

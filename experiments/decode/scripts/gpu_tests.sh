@@ -7,5 +7,5 @@ case $1 in
   2) sel="not sampled and not keys_on_m" ;;
   *) echo "usage: gpu_tests.sh 1|2"; exit 2 ;;
 esac
-timeout -k 10 560 python3 -m pytest -q tests/test_gpu_decode.py -k "$sel" > "$OUT/gpu_tests_decode_part$1.log" 2>&1
+timeout -k 10 560 python3 -m pytest -q tests/gpu/test_gpu_decode.py -k "$sel" > "$OUT/gpu_tests_decode_part$1.log" 2>&1
 echo "tests rc $?"; tail -4 "$OUT/gpu_tests_decode_part$1.log"

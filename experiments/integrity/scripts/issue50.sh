@@ -10,7 +10,7 @@ python3 experiments/integrity/poison_effect.py --backend cuda --json "$OUT/poiso
   | tee "$OUT/poison_effect_cuda.log"
 # SIGINT at the limit: pytest still prints its summary
 timeout -s INT -k 20 ${GPU_TESTS_LIMIT:-420} python3 -m pytest -q -s -rfs --tb=short --durations=12 \
-  tests/test_gpu_integrity.py ${MORE_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+  tests/gpu/test_gpu_integrity.py ${MORE_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
 if [ -n "${1:-}" ]; then
   timeout -s INT -k 20 ${COST_LIMIT:-300} python3 experiments/integrity/cost.py --quick --baseline .baseline \
     --budget "$1" --work /tmp/evo-cost --json "$OUT/cost_quick.json" 2>&1 | tee "$OUT/cost.log" | tail -12

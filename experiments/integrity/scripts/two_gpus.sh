@@ -2,7 +2,7 @@
 # --quick: the worker's phases and the honesty phase by check), then two GPU test lists side by side, one per GPU
 # (TESTS0 and TESTS1: test files; K0 / K1: optional -k expressions, spaces allowed; each pytest SIGINTed at LIMIT
 # seconds so it still prints its summary). Carry .whl.
-#   TESTS0="tests/test_gpu_integrity.py ..." TESTS1="tests/test_gpu_decode.py" K1="paged or tma_loads" LIMIT=420 \
+#   TESTS0="tests/gpu/test_gpu_integrity.py ..." TESTS1="tests/gpu/test_gpu_decode.py" K1="paged or tma_loads" LIMIT=420 \
 #     bash experiments/integrity/scripts/two_gpus.sh [BUDGET]
 source experiments/scripts/device_env.sh || exit 1
 export EVOENGINEER_CACHE=$PWD/.evo_cache

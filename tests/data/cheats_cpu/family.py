@@ -1,4 +1,4 @@
-"""Planted cheats on the CPU (tests/test_cheats.py): a row softmax whose CHEAT gene picks what the entry point does
+"""Planted cheats on the CPU (tests/e2e/test_cheats.py): a row softmax whose CHEAT gene picks what the entry point does
 besides computing the right answer, or instead of it."""
 
 import torch

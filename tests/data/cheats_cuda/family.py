@@ -1,4 +1,4 @@
-"""Planted cheats on a CUDA device (tests/test_gpu_integrity.py, experiments/integrity): an elementwise map whose
+"""Planted cheats on a CUDA device (tests/gpu/test_gpu_integrity.py, experiments/integrity): an elementwise map whose
 CHEAT gene picks what the entry point does besides computing the right answer, or instead of it."""
 
 import torch
