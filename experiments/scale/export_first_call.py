@@ -2,7 +2,7 @@
 export cache: the family binding compiles) and warm (binding cached: a CUDA kernel's cubin is loaded, nothing
 compiles; the warm process runs with no compiler reachable to show it).
 
-Per space: a small search (budget --budget, its own store and cache), `export` of rank 1, then two fresh
+Per space: a small random search (--budget candidates, its own store and cache), `export` of rank 1, then two fresh
 processes, each importing the package and calling the kernel once on the space's first timed shape (inputs made
 before the clock starts; the call through the family's launch of the imported module, synchronized):
 
@@ -62,7 +62,7 @@ def run_probe(pkg: Path, package: str, space_file: str, env: dict[str, str]) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spaces", default="cuda_msda_fp16,sdpa_fp16_d64,decode_fp16_d128")
-    ap.add_argument("--budget", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=4, help="random search of this many candidates per space")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         d = out / name
         d.mkdir(exist_ok=True)
         space_file = str(resolve_space_arg(name))
-        rc = cli(["search", "--space", space_file, "--budget", str(a.budget), "--population", str(a.budget),
+        rc = cli(["search", "--space", space_file, "--budget", str(a.budget), "--strategy", "random",
                   "--db", f"sqlite:///{d / 's.db'}", "--out", str(d / "elite.json"), "--cache-dir", str(d / "cache"),
                   "--quiet", "--force"])
         if rc != 0:
