@@ -171,9 +171,14 @@ def template_drift(doc: dict[str, Any], elite: dict[str, Any]) -> str | None:
     from evoengineer.candidate import template_sha256
     from evoengineer.space import load_space
 
+    from evoengineer.paths import space_file
+
     build = elite["build"]
+    path = Path(doc.get("space_file") or "")
+    if not path.is_file() and isinstance(doc.get("space"), str):  # a shipped space that has moved since (by name)
+        path = space_file(f"{doc['space']}.toml")
     try:
-        now = template_sha256(load_space(doc.get("space_file") or ""))
+        now = template_sha256(load_space(path))
     except (OSError, UserError, ValueError):
         return None
     if build.get("template_sha256") and now != build["template_sha256"]:
