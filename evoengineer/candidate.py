@@ -234,10 +234,9 @@ class CandidateFactory:
         return self.make(self.space.genome_to_params(genome))
 
 
-def fixed_candidate(space: SearchSpace, template: str, label: str, path: Path | None = None) -> Candidate:
-    """A kernel with no genes (e.g. a baseline) rendered from `template` (the file at `path`, default
-    templates/`template`) with the space's signature, built with the space's flags like any candidate."""
-    path = path or TEMPLATES_DIR / template
+def fixed_candidate(space: SearchSpace, template: str, label: str, path: Path) -> Candidate:
+    """A kernel with no genes (e.g. a baseline) rendered from `template` (the file at `path`: where its family
+    finds it, `Family.template_path`) with the space's signature, built with the space's flags like any candidate."""
     env = _environment(str(path.parent))
     try:
         source = env.get_template(path.name).render(**space.signature)

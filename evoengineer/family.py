@@ -111,10 +111,6 @@ class Launch:
     items: str
 
 
-#: the traits a Launch kernel exports
-LAUNCH_TRAITS = ("threads", "smem_bytes", "items_per_block", "persistent")
-
-
 def launched(family: Any) -> bool:
     """Whether a family (instance) writes its kernels as device code its generated binding launches (its declared
     Signature has a Launch): its candidates build device code only, always."""
@@ -263,24 +259,25 @@ class Signature:
         return {"args": args, "sizes": self.size_order(), "fixed": dict(self.fixed), "workspace": self.workspace,
                 **launch}
 
-    def c_prototype(self, entry: str) -> str:
-        """The entry point's C declaration (for a template's author)."""
+    def _c_params(self) -> list[str]:
+        """The entry point's parameters up to the scalars: tensor pointers, strides, sizes, scalars."""
         params = [f"{'void' if a.output or a.inout else 'const void'}* {a.name}" for a in self.tensors]
         params += [f"const int64_t* {a.name}_strides" for a in self.tensors if a.strided]
         params += [f"int64_t {s}" for s in self.size_order()]
-        params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
-        if self.workspace:
-            params += ["void* workspace", "int64_t* workspace_bytes"]
+        return params + [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
+
+    def c_prototype(self, entry: str) -> str:
+        """The entry point's C declaration (for a template's author); a launched kernel's (`kernel_prototype`) when
+        the call declares a launch."""
         if self.launch is not None:
             return self.kernel_prototype(entry)
-        return f'extern "C" int {entry}({", ".join(params + ["void* stream"])})'
+        workspace = ["void* workspace", "int64_t* workspace_bytes"] if self.workspace else []
+        return f'extern "C" int {entry}({", ".join([*self._c_params(), *workspace, "void* stream"])})'
 
     def kernel_prototype(self, entry: str) -> str:
-        """A launched kernel's C declaration (`launch`): the entry point's arguments without the stream."""
-        params = [f"{'void' if a.output or a.inout else 'const void'}* {a.name}" for a in self.tensors]
-        params += [f"int64_t {s}" for s in self.size_order()]
-        params += [f"{SCALAR_CTYPES[s.dtype]} {s.name}" for s in self.scalars]
-        return f'extern "C" __global__ void {entry}({", ".join(params)})'
+        """A launched kernel's C declaration (`launch`): the entry point's arguments without the stream (a launch
+        takes no strided tensor and no workspace)."""
+        return f'extern "C" __global__ void {entry}({", ".join(self._c_params())})'
 
 
 def _factors(d: Union[int, str]) -> list[Union[int, str]]:

@@ -27,6 +27,7 @@ from evoengineer.compiler.build_queue import BuildQueue, QueuedBuilds
 from evoengineer.compiler.toolchain import toolchain, usable_cpus
 from evoengineer.candidate import Candidate
 from evoengineer.compiler.binding_source import BindingSource
+from evoengineer.ops.runtime import binding_flags
 from evoengineer.space.flags import check_flags
 from evoengineer.space.spec import SearchSpace
 
@@ -67,16 +68,6 @@ def _pool_context() -> multiprocessing.context.BaseContext:
         return ctx
     return multiprocessing.get_context("spawn")
 
-
-
-def binding_flags(flags: list[str] | None) -> list[str] | None:
-    """The build flags a family binding is compiled with: those that can change what its headers declare (defines,
-    include folders, the language standard), at -O2; not the kernel's optimization, target or OpenMP flags. One
-    binding then serves every space of a family and signature, whatever its kernels' flags (it is the slow compile:
-    torch's headers)."""
-    if flags is None:
-        return None
-    return ["-O2", *(f for f in flags if f.startswith(("-D", "-U", "-I", "-isystem", "-std=", "--std=")))]
 
 class Builder(QueuedBuilds):
     """Builds candidates of one space on `jobs` processes. `submit` returns a Future[BuildResult]."""

@@ -165,6 +165,9 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_make_mod
 
 
 # ---- device code the binding launches (Signature.launch) ---------------------------------------------------------
+#: the launch traits a launched kernel exports (EVO_TRAIT), each read once when its cubin is loaded
+LAUNCH_TRAITS = ("threads", "smem_bytes", "items_per_block", "persistent")
+
 _LAUNCH_INCLUDE = """#ifdef EVO_WITH_CUDA
 #include "cubin_module.h"
 #endif
@@ -231,6 +234,7 @@ def _load_cubin(entry: str, names: str, fn_doc: str, doc: str) -> str:
     """evo_binding_load_cubin of a launched kernel: the cubin loaded on a device, its kernel found by name, its
     launch traits read and checked (ImportError naming the file and what is wrong)."""
     kernel = _cstr(entry)
+    traits = "\n".join(f'    st->{t} = st->module->trait("{t}");' for t in LAUNCH_TRAITS)
     return f"""
 #ifdef EVO_WITH_CUDA
 // A device-only candidate (its cubin at `path`, built for `signature`) loaded on CUDA device `device`, as a module
@@ -241,10 +245,7 @@ extern "C" __attribute__((visibility("default"))) PyObject* evo_binding_load_cub
     auto st = std::make_shared<State>();
     st->module = std::make_shared<const EvoCubin>(evo_read_file(path), device, path);
     st->kernel = EvoKernel(st->module, st->module->function({kernel}));
-    st->threads = st->module->trait("threads");
-    st->smem_bytes = st->module->trait("smem_bytes");
-    st->items_per_block = st->module->trait("items_per_block");
-    st->persistent = st->module->trait("persistent");
+{traits}
     if (st->threads < 1 || st->threads > 1024 || st->smem_bytes < 0 || st->smem_bytes > (1 << 30) ||
         st->items_per_block < 1)
       throw std::runtime_error(std::string(path) + ": launch traits out of range: threads " +

@@ -207,8 +207,7 @@ class LocalEvaluator(BuildAheadEvaluator):
         """A baseline kernel of the family (its template found beside the family, then among the shipped ones)."""
         from evoengineer.candidate import fixed_candidate
 
-        where = getattr(type(self.task), "template_path", None)
-        return fixed_candidate(self.space, template, name, where(template) if where else None)
+        return fixed_candidate(self.space, template, name, self.task.template_path(template))
 
     def _baselines(self) -> list[dict[str, str]]:
         """The built baseline kernels; the worker times them."""

@@ -242,8 +242,6 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     flags = list(build.get("flags", [])) + (["-DEVO_WITH_CUDA"] if cuda else [])
     cuda_flags = (list(build.get("cuda_flags", [])) + ["-DEVO_WITH_CUDA"]) if cuda else None
-    settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
-                          sort_keys=True).encode()
     binding = _build_binding(folder, root, flags, cuda_flags, cuda)
     cubin = kernel.get("cubin") if cuda else None
     if cubin and (cubin.get("launched") or os.environ.get("EVOENGINEER_EXPORT_CUBIN", "1") != "0"):
@@ -255,6 +253,8 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
         module = device_code.PerDeviceModule(load, torch.cuda.current_device())
         _loaded()[name] = module
         return module
+    settings = json.dumps({k: build.get(k) for k in ("flags", "cuda_flags", "ldflags", "arch", "backend")},
+                          sort_keys=True).encode()
     sources = [folder / kernel["source_file"], folder / "shim.cpp"]
     digest = hashlib.sha256()
     for p in sources:
@@ -281,15 +281,21 @@ def build_module(folder: Path, kernel: dict[str, Any], build_root: Path | None =
     return module
 
 
+def binding_flags(flags: list[str] | None) -> list[str] | None:
+    """The build flags a family binding is compiled with (here and by the search's builder): those that can change
+    what its headers declare (defines, include folders, the language standard), at -O2; not the kernel's
+    optimization, target or OpenMP flags. One binding then serves every kernel of a family and signature, whatever
+    its flags (it is the slow compile: torch's headers)."""
+    if flags is None:
+        return None
+    return ["-O2", *(f for f in flags if f.startswith(("-D", "-U", "-I", "-isystem", "-std=", "--std=")))]
+
+
 def _build_binding(folder: Path, root: Path, flags: list[str], cuda_flags: list[str] | None, cuda: bool) -> Path:
     """The family binding of an exported kernel as a shared library, built once per binding source, headers, build
     settings and torch (under `root`/bindings, shared by every exported kernel of that family and signature): the
     compile that parses torch's headers is paid once, not per op. Returns the library's path."""
-    # what can change the binding's headers (defines, includes, standard), at -O2; not the kernel's flags:
-    # one binding for every kernel of a family and signature (compiler/builder.py: binding_flags)
-    keep = ("-D", "-U", "-I", "-isystem", "-std=", "--std=")
-    flags = ["-O2", *(f for f in flags if f.startswith(keep))]
-    cuda_flags = None if cuda_flags is None else ["-O2", *(f for f in cuda_flags if f.startswith(keep))]
+    flags, cuda_flags = binding_flags(flags), binding_flags(cuda_flags)
     settings = json.dumps({"flags": flags, "cuda_flags": cuda_flags, "backend": "cuda" if cuda else "cpu"},
                           sort_keys=True).encode()
     files = [folder / "binding.cpp"] + [folder / h for h in BINDING_HEADERS

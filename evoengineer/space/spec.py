@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import keyword
 import math
 import random
@@ -207,23 +208,21 @@ class SearchSpace:
     def valid_genomes(self) -> list[tuple[int, ...]]:
         """Every genome meeting the constraints, in lexicographic order (cached)."""
         if self._valid is None:
-            levels = self._valid_rows()
+            levels = self._valid_rows
             self._valid = list(map(tuple, levels.tolist())) if levels is not None else list(self._enumerate())
         return self._valid
 
     def count_valid(self) -> int:
         if self._valid is None:
-            levels = self._valid_rows()  # counted without making 10^6 tuples (loading a space counts)
+            levels = self._valid_rows  # counted without making 10^6 tuples (loading a space counts)
             if levels is not None:
                 return len(levels)
         return len(self.valid_genomes())
 
+    @functools.cached_property
     def _valid_rows(self) -> Any:
-        """The valid genomes as a numpy array (rows), or None where the depth-first walk must decide (cached)."""
-        memo = self.__dict__.get("_rows_memo")
-        if memo is None:
-            memo = self.__dict__["_rows_memo"] = [self._enumerate_by_level()]
-        return memo[0]
+        """The valid genomes as a numpy array (rows), or None where the depth-first walk must decide."""
+        return self._enumerate_by_level()
 
     def random_valid_genome(self, rng: random.Random | None = None) -> list[int]:
         rng = rng or random

@@ -61,7 +61,8 @@ def build_all(space: SearchSpace, configs: dict[str, dict], cache: Path, optiona
     factory = CandidateFactory(space)
     try:
         futures = {label: b.submit(factory.make(params)) for label, params in configs.items()}
-        futures["classic"] = b.submit(fixed_candidate(space, "cuda/msda_classic.cu.j2", "classic"))
+        classic = "cuda/msda_classic.cu.j2"
+        futures["classic"] = b.submit(fixed_candidate(space, classic, "classic", task.template_path(classic)))
         results = {label: f.result() for label, f in futures.items()}
     finally:
         b.close()

@@ -62,14 +62,14 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "evoengineer"))
     ap.add_argument("--json")
     a = ap.parse_args()
-    space_file = space_file(f"{a.space}.toml")
+    path = space_file(f"{a.space}.toml")
     genomes = json.loads(Path(a.genomes).read_text())
-    tree = load_space(space_file)
+    tree = load_space(path)
     scratch = Path(tempfile.mkdtemp(prefix="template_ab_"))
     spaces = {"tree": tree}
     for spec in a.variant:
-        name, _, path = spec.partition("=")
-        spaces[name] = variant_space(space_file, tree, Path(path), name, scratch)
+        name, _, template = spec.partition("=")
+        spaces[name] = variant_space(path, tree, Path(template), name, scratch)
     overrides = {name: {} for name in spaces}
     for spec in a.genes:
         name, _, text = spec.partition("=")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import ROOT, run_job  # noqa: E402
+from benchmark import run_job  # noqa: E402
 from evoengineer.paths import space_file as shipped_space  # noqa: E402
 from evoengineer.space.spec import load_space  # noqa: E402
 
@@ -176,7 +176,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     jobs = []
     for sp_name in a.spaces.split(","):
-        space = load_space(shipped_space(f"{sp_name}.toml"))
+        space_file = shipped_space(f"{sp_name}.toml")
+        space = load_space(space_file)
         for fam in families:
             for seed in range(a.seed_base, a.seed_base + a.seeds):
                 land = work / f"{sp_name}__{fam}__{seed}.csv"
