@@ -214,11 +214,12 @@ def write_kernel_folder(elite: dict[str, Any], folder: Path, cls: type) -> None:
               "space": elite.get("space"), "params": elite.get("params"), "metrics": elite.get("metrics"),
               "certified": elite.get("certified"), "source_sha256": sha256_text(elite["source"]),
               "build": {**build, "task": cls.name, "family": {"name": cls.name, "version": str(cls.version)}}}
-    if build["backend"] == "cuda" and (getattr(cls, "device_only", False) or launched(fam)):
-        cubin = write_cubin(folder, kernel, signature, launched=launched(fam))
+    device_code_only = launched(fam)
+    if build["backend"] == "cuda" and (getattr(cls, "device_only", False) or device_code_only):
+        cubin = write_cubin(folder, kernel, signature, launched=device_code_only)
         if cubin is not None:
             kernel["cubin"] = cubin
-        elif launched(fam):  # device code only: nothing else can run it
+        elif device_code_only:  # nothing but the cubin can run it
             raise UserError(f"kernel {elite['hash'][:12]}: its family launches device code, which needs nvcc here "
                             "to compile (on PATH or in CUDA_HOME)")
     (folder / "kernel.json").write_text(json.dumps(kernel, indent=2) + "\n")
