@@ -460,7 +460,8 @@ class Family(ABC):
 
         return BindingSource(name=f"{self.name}_generic", text=generate_binding(self.signature, self.entry,
                                                                                  f"EvoEngineer {self.name} candidate"),
-                             origin=f"generated from the {self.name} signature")
+                             origin=f"generated from the {self.name} signature",
+                             launches=self.signature.launch is not None)
 
     @classmethod
     def signature_text(cls, constants: Mapping[str, Any]) -> str:

@@ -13,3 +13,6 @@ class BindingSource:
     name: str
     text: str
     origin: str
+    #: the binding launches device code and has no entry point to link against (a declared Launch): every candidate
+    #: of the space's template builds to a cubin, whatever the builder was asked for
+    launches: bool = False

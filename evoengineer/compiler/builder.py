@@ -97,7 +97,9 @@ class Builder(QueuedBuilds):
             self.cuda_cflags = [*(self.cuda_cflags or []), "-DEVO_WITH_CUDA"]
         self.ldflags = list(space.ldflags)
         self.suffix = space.target.source_suffix
-        self.device_only = bool(device_only) and space.target.device_compiler
+        # a binding that launches device code has nothing to link a host-code build against: cubins, always
+        launches = self.binding_source is not None and self.binding_source.launches
+        self.device_only = (bool(device_only) or launches) and space.target.device_compiler
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         self._built_binding: dict[str, Any] | None = None

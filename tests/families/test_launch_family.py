@@ -134,3 +134,20 @@ def test_the_example_cubins_export_the_launch_traits_of_their_genes(tmp_path: Pa
         seen.add(p["PERSISTENT"])
         # no host code: nothing for a host compiler, the kernel under its C name
         assert "<<<" not in c.source and 'extern "C" __global__ void __launch_bounds__' in c.source
+
+
+def test_a_builder_of_a_launched_family_builds_cubins_even_when_not_asked():
+    """A builder made for a launched family without device_only (a script, a test harness) still builds cubins: a
+    host-code build would link nothing and fail only at its first call."""
+    from evoengineer.candidate import CandidateFactory
+    from evoengineer.compiler.builder import Builder
+    from evoengineer.families import get_task
+    from evoengineer.space import load_space
+
+    space = load_space(EXAMPLE / "rmsnorm_h100.toml")
+    task = get_task(space)
+    assert task.binding.launches
+    b = Builder(space, entry=task.entry, binding=task.binding, signature=task.binding_signature(), jobs=1)
+    cand = CandidateFactory(space).from_genome(space.random_valid_genome(random.Random(0)))
+    assert b.device_only and b._device_only(cand)
+    b.close()
