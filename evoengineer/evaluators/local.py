@@ -86,6 +86,10 @@ class WorkerProcess:
         reply = self.request({"cmd": "init", **init}, init_timeout_s)
         if not reply.get("ok"):
             raise WorkerFailure("runtime_error", f"worker failed to start: {reply.get('reason', reply)}")
+        # time.monotonic() at the end of each step of the worker's start (the same clock here: Linux's monotonic)
+        marks = reply.get("start_marks")
+        self.start_marks: dict[str, float] = ({str(k): float(v) for k, v in marks.items()
+                                              if isinstance(v, (int, float))} if isinstance(marks, dict) else {})
 
     @property
     def pid(self) -> int:
@@ -251,6 +255,8 @@ class LocalEvaluator(BuildAheadEvaluator):
                 "seed": self.seed * 1000 + self.workers_started, "cache_dir": str(self.cache_dir)}
         timeout = float(self.settings["init_timeout_s"])
         worker = WorkerProcess(init, timeout, cpu_kernels=not self.space.target.gpu)
+        for what, at in worker.start_marks.items():  # the first worker's steps, on this evaluator's clock
+            self._mark(f"worker: {what}", at)
         self._mark("worker started")
         try:
             baselines = self._baselines()
@@ -349,8 +355,9 @@ class LocalEvaluator(BuildAheadEvaluator):
     def utilization(self) -> tuple[float, int]:
         return self.busy_s, 1
 
-    def _mark(self, what: str) -> None:
-        self._start_marks.setdefault(what, round(time.monotonic() - self._t_created, 2))
+    def _mark(self, what: str, at: float | None = None) -> None:
+        when = time.monotonic() if at is None else at
+        self._start_marks.setdefault(what, round(when - self._t_created, 2))
 
     def start_timeline(self) -> dict[str, float]:
         """Seconds from this evaluator's creation to each step of its start, in order: the family binding built

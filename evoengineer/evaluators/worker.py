@@ -32,6 +32,9 @@ from evoengineer.evaluators import outputs as written
 from evoengineer.evaluators.integrity import ProtectedInputs, as_bits, mismatch
 from evoengineer.liveness import exit_with_parent
 
+#: when this process's Python reached the worker module (CLOCK_MONOTONIC: comparable with the parent's clock)
+STARTED_AT = time.monotonic()
+
 CUDA_FATAL = ("CUDA error", "illegal memory access", "unspecified launch failure", "device-side assert",
               "misaligned address", "an illegal instruction", "CUBLAS_STATUS")
 
@@ -87,8 +90,11 @@ class Session:
     """
 
     def __init__(self, init: dict[str, Any]):
+        # where the start goes (time.monotonic() at the end of each step; the parent's start timeline shows them)
+        self.start_marks: dict[str, float] = {"python": STARTED_AT}
         import torch
 
+        self.start_marks["torch imported"] = time.monotonic()
         from evoengineer.evaluators.physics import PhysicsGate
         from evoengineer.space.spec import SearchSpace
         from evoengineer.families import get_task
@@ -96,6 +102,11 @@ class Session:
         self.torch = torch
         self.space = SearchSpace.from_text(init["space_text"], init["space_path"], check_valid=False)
         self.task = get_task(self.space)
+        if self.task.device == "cuda":
+            torch.cuda.init()  # the device context, timed on its own
+            torch.empty(1, device="cuda")
+            self.start_marks["device context"] = time.monotonic()
+        self.start_marks["family loaded"] = time.monotonic()
         self.settings = self.task.settings
         self.single = self.task.single_output()
         self.inout = self.task.inout_names()
@@ -110,12 +121,14 @@ class Session:
                 continue
             for k in range(e.checks):
                 self.sets.append(self._input_set(e, self._seed(e.name, k), with_ref=True))
+        self.start_marks["check inputs and references"] = time.monotonic()
         self.timed = {e.name: [self._input_set(e, self._seed(e.name, 10_000 + k), with_ref=False)
                                for k in range(TIMED_SETS)]
                       for e in self.task.entries if e.time}
         self.novel = {e.name: [self._input_set(e, self._seed(e.name, 20_000 + k), with_ref=False)
                                for k in range(NOVEL_SETS)]
                       for e in self.task.entries if e.time}
+        self.start_marks["timed inputs"] = time.monotonic()
         self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self._novel_rounds = 0  # second-round new-input sets made so far (each round's seeds are its own)
         self.baselines: dict[str, dict[str, Any]] | None = None
@@ -941,7 +954,7 @@ def main() -> None:
         try:
             if msg["cmd"] == "init":
                 session = Session(msg)
-                reply({"ok": True})
+                reply({"ok": True, "start_marks": session.start_marks})
             elif msg["cmd"] == "hello":
                 assert session is not None, "hello before init"
                 reply(session.hello(bool(msg.get("baselines", True))))

@@ -6,11 +6,13 @@
 // argument error (EVO_CHECK_VALUE / EVO_CHECK_TYPE) into a Python ValueError / TypeError and anything else into a
 // RuntimeError. (On some hosts a c10::Error that reaches pybind11's translators kills the process.)
 #pragma once
-// Light headers on purpose (not torch/extension.h, which alone takes ~12 s of the binding's ~20 s compile): the
-// binding's build is on the first generation's critical path on a fresh machine.
+// Light headers on purpose: the binding's build is on the critical path of a search's first candidate and of an
+// exported op's first import on a fresh machine. torch/extension.h alone parses for ~12 s, and torch's Python
+// bindings (torch/csrc/autograd/python_variable.h, pybind11 underneath) for ~6 s of the remaining ~7.5 s; a tensor
+// argument is reached through its public `_cdata` attribute instead (below), scratch memory through c10's allocator.
+#include <Python.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/python_variable.h>
+#include <c10/core/Allocator.h>
 namespace torch {
 using namespace at;  // torch::Tensor, torch::kLong, ... as torch/types.h spells them
 }
@@ -160,6 +162,41 @@ inline at::ScalarType evo_signature_dtype(const EvoSignature& sig, const char* k
   return evo_dtype_named(it == sig.end() ? std::string(fallback) : it->second);
 }
 
+// ---- tensors from Python -------------------------------------------------------------------------------------------
+// torch.Tensor (looked up once, with the GIL held): what a tensor argument must be an instance of.
+inline bool evo_is_tensor(PyObject* o) {
+  static PyObject* tensor_type = []() -> PyObject* {
+    PyObject* torch_module = PyImport_ImportModule("torch");
+    if (torch_module == nullptr) return nullptr;
+    PyObject* type = PyObject_GetAttrString(torch_module, "Tensor");
+    Py_DECREF(torch_module);
+    return type;  // kept for the life of the process
+  }();
+  if (tensor_type == nullptr) {
+    PyErr_Clear();
+    throw std::runtime_error("the kernel binding cannot find torch.Tensor");
+  }
+  const int is = PyObject_IsInstance(o, tensor_type);
+  if (is < 0) PyErr_Clear();
+  return is == 1;
+}
+
+// The at::Tensor of a torch.Tensor: `_cdata` is the address of its TensorImpl (torch's own, stable attribute; a
+// subclass's __torch_function__ sees the access and by default gives the same). The tensor shares the Python
+// object's TensorImpl and holds a reference of its own for as long as the call uses it.
+inline at::Tensor evo_unpack_tensor(PyObject* o, const std::string& name) {
+  static PyObject* key = PyUnicode_InternFromString("_cdata");
+  PyObject* address = key ? PyObject_GetAttr(o, key) : nullptr;
+  void* impl = address ? PyLong_AsVoidPtr(address) : nullptr;
+  Py_XDECREF(address);
+  if (impl == nullptr) {
+    PyErr_Clear();
+    throw EvoArgError{PyExc_TypeError, evo_str(name, ": a tensor whose data this binding cannot reach (no _cdata)")};
+  }
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+      static_cast<c10::TensorImpl*>(impl)));
+}
+
 // ---- call arguments ------------------------------------------------------------------------------------------------
 // The arguments of one call (vectorcall: positional, then keywords named in `kwnames`), by declared position.
 class EvoArgs {
@@ -187,10 +224,10 @@ class EvoArgs {
       EVO_CHECK_TYPE(given_[i] != nullptr, function, "() missing argument '", names[i], "'");
   }
 
-  const at::Tensor& tensor(size_t i) const {
+  at::Tensor tensor(size_t i) const {
     PyObject* o = given_[i];
-    EVO_CHECK_TYPE(THPVariable_Check(o), names_[i], ": expected a tensor, got ", Py_TYPE(o)->tp_name);
-    return THPVariable_Unpack(o);
+    EVO_CHECK_TYPE(evo_is_tensor(o), names_[i], ": expected a tensor, got ", Py_TYPE(o)->tp_name);
+    return evo_unpack_tensor(o, names_[i]);
   }
   double real(size_t i) const {
     PyObject* o = given_[i];
@@ -441,15 +478,19 @@ inline void evo_expect_attention_tensors(const torch::Tensor& q, const torch::Te
 
 // Calls `call(workspace, &bytes)` (an entry point's workspace protocol: with workspace == nullptr a kernel that
 // needs scratch memory launches nothing, writes the bytes it needs and returns kEvoNeedWorkspace); allocates them
-// from torch's caching allocator (stream-ordered: reuse is ordered after the kernel) and calls again.
+// from torch's allocator of `like`'s device (CUDA: the caching allocator, on the current stream, inside a graph
+// capture from the graph's pool, as torch.empty would; stream-ordered: reuse is ordered after the kernel) and calls
+// again. Call it with the device current (evo_call_on_stream sets it).
 constexpr int kEvoNeedWorkspace = 6;
 template <typename Call>
 int evo_with_workspace(const torch::Tensor& like, Call call) {
   int64_t bytes = 0;
   int status = call(nullptr, &bytes);
   if (status == kEvoNeedWorkspace && bytes > 0) {
-    const torch::Tensor workspace = torch::empty({bytes}, like.options().dtype(at::kByte));
-    status = call(workspace.data_ptr(), &bytes);
+    c10::Allocator* allocator = c10::GetAllocator(like.device().type());
+    if (allocator == nullptr) throw std::runtime_error("no allocator for the device of the kernel's tensors");
+    const c10::DataPtr workspace = allocator->allocate(static_cast<size_t>(bytes));
+    status = call(workspace.get(), &bytes);
   }
   return status;
 }

@@ -96,8 +96,10 @@ def test_worker_killed_from_outside_is_replaced(faults_dir: Path, build_cache: P
 
 
 def test_the_evaluator_says_when_each_step_of_its_start_was_done(faults_dir: Path, build_cache: Path):
-    """The final line's `start:` (issue 51): the measuring worker started, the baselines built, the worker ready,
-    the first candidate measured, in that order, in seconds from the evaluator's creation."""
+    """The final line's `start:` (issue 51): the measuring worker's own steps (its Python up, torch imported, the
+    family loaded, the check inputs with their references and the timed inputs made), the worker started, the
+    baselines built, the worker ready, the first candidate measured, in that order, in seconds from the evaluator's
+    creation."""
     from evoengineer.candidate import CandidateFactory
     from evoengineer.evaluators.local import LocalEvaluator
     from evoengineer.search.progress import ProgressPrinter
@@ -109,7 +111,9 @@ def test_the_evaluator_says_when_each_step_of_its_start_was_done(faults_dir: Pat
         assert ev.evaluate(healthy).status == "ok"
         marks = ev.start_timeline()
     steps = [k for k in marks if k != "binding built"]
-    assert steps == ["worker started", "baselines built", "worker ready", "first measured"], marks
+    inside = ["worker: python", "worker: torch imported", "worker: family loaded",
+              "worker: check inputs and references", "worker: timed inputs"]
+    assert steps == [*inside, "worker started", "baselines built", "worker ready", "first measured"], marks
     assert all(0 < s < 600 for s in marks.values())
     assert list(marks.values()) == sorted(marks.values())
     line = ProgressPrinter._start(type("R", (), {"evaluator": ev})())

@@ -36,6 +36,21 @@ def test_guard_reports_how_far_a_write_went(dtype):
     assert "past the end of another tensor" in g.damage("output")
 
 
+def test_canaries_come_from_a_random_pool_made_once():
+    """Each allocation's canaries are a random pattern of a pool drawn once per device (not 128 KiB drawn on the
+    host and copied per allocation); different allocations get different patterns, none of them a constant."""
+    from evoengineer.evaluators import integrity
+
+    gen = torch.Generator().manual_seed(3)
+    guards = [Guarded((4,), torch.float32, "cpu", gen) for _ in range(12)]
+    pool = integrity._patterns[("cpu", GUARD_BYTES)]
+    assert pool.shape == (integrity.CANARY_PATTERNS, 2 * GUARD_BYTES)
+    rows = {int(torch.nonzero((pool[:, :GUARD_BYTES] == g.front).all(1))[0]) for g in guards}
+    assert len(rows) > 1  # picked at random, not always the same one
+    assert all(len(torch.unique(g.front)) > 200 for g in guards)  # random bytes
+    assert integrity._patterns[("cpu", GUARD_BYTES)] is pool  # drawn once
+
+
 def test_protected_inputs_detect_and_restore():
     raw = {"a": torch.randn(100), "b": torch.arange(10), "flag": True}
     p = ProtectedInputs(raw, torch.Generator().manual_seed(1))
