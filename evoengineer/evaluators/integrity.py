@@ -172,11 +172,15 @@ class ProtectedInputs(Mapping[str, Any]):
         """The inputs as made (never handed to a candidate): what references are computed from."""
         return {k: self._pristine.get(k, v) for k, v in self._live.items()}
 
+    def flags(self) -> list[torch.Tensor]:
+        """0-d bool tensors, one per canary pair and per input, True where it changed (nothing read back)."""
+        return ([g.changed() for g in self._guarded.values()] +
+                [(as_bits(g.tensor) != as_bits(self._pristine[n])).any() for n, g in self._guarded.items()])
+
     def verify(self) -> str | None:
         """None if every input and its canaries are as made; else what changed (first problem found). One host
         sync when nothing changed: the comparisons are gathered on the device and read back together."""
-        if not any_true([g.changed() for g in self._guarded.values()] +
-                        [(as_bits(g.tensor) != as_bits(self._pristine[n])).any() for n, g in self._guarded.items()]):
+        if not any_true(self.flags()):
             return None
         for name, g in self._guarded.items():
             bad = g.damage(f"input {name}")
@@ -199,3 +203,15 @@ class ProtectedInputs(Mapping[str, Any]):
         if bad:
             self.restore()
         return bad
+
+
+def verify_and_restore_all(input_sets: list[ProtectedInputs]) -> str | None:
+    """`verify_and_restore` of every set, with one host sync when nothing changed (all sets' comparisons read back
+    together); else the first problem found, every changed set restored."""
+    if not any_true([f for p in input_sets for f in p.flags()]):
+        return None
+    bad = None
+    for p in input_sets:
+        found = p.verify_and_restore()  # every set: each changed one is restored
+        bad = bad or found
+    return bad

@@ -89,10 +89,14 @@ class GuardedOutputs:
     def tensor(self) -> Any:  # the name the worker has always used
         return self.value
 
+    def flags(self) -> list[torch.Tensor]:
+        """0-d bool tensors, one per output, True where a guard band changed (nothing read back)."""
+        return [g.changed() for g in self.guarded.values()]
+
     def damage(self) -> str | None:
         """None if every guard band is intact; else which output was written past, and how far. One host sync
         when nothing changed."""
-        if not any_true([g.changed() for g in self.guarded.values()]):
+        if not any_true(self.flags()):
             return None
         for k, g in self.guarded.items():
             bad = g.damage("output" if self.single else f"output {k}")

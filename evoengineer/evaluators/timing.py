@@ -104,6 +104,8 @@ def _time_cuda(fn: Callable[[int], Any], warmup: int, repeats: int, flush_l2: bo
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     scratch = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda") if flush_l2 else None
     per_us = spin_cycles_per_us()
+    # the stream the calls go to, looked up once: Event.record() without one asks torch for it on every record
+    stream = torch.cuda.current_stream()
     queued = []
     for i in range(warmup):
         before(i)
@@ -124,13 +126,13 @@ def _time_cuda(fn: Callable[[int], Any], warmup: int, repeats: int, flush_l2: bo
             start, end, spun = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
                                 torch.cuda.Event())
             torch.cuda._sleep(int(spin_us * per_us))
-            spun.record()
+            spun.record(stream)
             t0 = time.perf_counter()
             if scratch is not None:
                 scratch.zero_()
-            start.record()
+            start.record(stream)
             fn(warmup + k)
-            end.record()
+            end.record(stream)
             host_us = (time.perf_counter() - t0) * 1e6
             late = spun.query()  # the spin was over before the call was queued: the GPU may have waited for it
             after(warmup + k)

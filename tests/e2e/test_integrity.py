@@ -70,6 +70,25 @@ def test_protected_inputs_detect_and_restore():
     assert p.verify() is None
 
 
+def test_several_input_sets_are_verified_together_and_each_changed_one_restored():
+    from evoengineer.evaluators.integrity import verify_and_restore_all
+
+    gen = torch.Generator().manual_seed(2)
+    raws = [{"a": torch.randn(50), "b": torch.arange(8)} for _ in range(3)]
+    sets = [ProtectedInputs(r, gen) for r in raws]
+    assert verify_and_restore_all(sets) is None
+    sets[1]["b"][3] = 99
+    sets[2]["a"][0] = float("nan")
+    bad = verify_and_restore_all(sets)
+    assert bad == "modified input b (1 of 8 elements changed)"  # the first set found changed
+    assert all(p.verify() is None for p in sets)  # both changed sets restored, not only the first found
+    assert all(torch.equal(p[k], r[k]) for p, r in zip(sets, raws) for k in r)
+    g = sets[0]._guarded["a"]
+    g.buf[GUARD_BYTES + g.nbytes + 5] ^= 0xFF  # a byte past the input: its guard band
+    assert verify_and_restore_all(sets).startswith("wrote past input a by ")
+    assert verify_and_restore_all(sets) is None
+
+
 def test_checksum_sees_any_single_change():
     x = torch.randn(1000)
     y = x.clone()
