@@ -8,46 +8,20 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from evoengineer.paths import ROOT
 from evoengineer.compiler.builder import Builder, BuildResult, default_cache_dir
 from evoengineer.compiler.toolchain import usable_cpus
 from evoengineer.candidate import Candidate
 from evoengineer.evaluators.base import Measurement, state_changed
 from evoengineer.evaluators.pipeline import BuildAheadEvaluator
 from evoengineer.evaluators.retiming import Retiming
+from evoengineer.evaluators.worker_process import PINNING, spawn_worker, take_prestarted, worker_env
 from evoengineer.space.spec import SearchSpace
 from evoengineer.families import get_task
-
-
-PINNING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
-#: CPU threads of a GPU space's measuring worker (its own CPU work: fresh inputs, host-side checks). Its OpenMP
-#: threads are not pinned: bound threads put every worker's main thread of a host on its first core (4 GPU workers
-#: measured 3.5x slower per candidate beside the compilers, issue 51), and 64 spinning threads per worker take the
-#: cores the builds need. EVOENGINEER_WORKER_THREADS overrides.
-GPU_WORKER_THREADS = 4
-
-
-def worker_env(*, cpu_kernels: bool) -> dict[str, str]:
-    """The environment of a measuring worker: CPU kernels time with OpenMP threads pinned to cores (unless the user
-    chose otherwise: a thread that migrates mid-measurement is noise, not the kernel); a GPU space's worker gets a
-    few unpinned threads (GPU_WORKER_THREADS)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if cpu_kernels:
-        for key, value in PINNING.items():
-            env.setdefault(key, value)
-    else:
-        threads = env.get("EVOENGINEER_WORKER_THREADS") or str(min(GPU_WORKER_THREADS, usable_cpus()))
-        for key in PINNING:
-            env.pop(key, None)
-        env["OMP_NUM_THREADS"] = env["EVOENGINEER_WORKER_THREADS"] = threads
-    return env
 
 
 def device_only_builds(task: Any) -> bool:
@@ -78,10 +52,9 @@ class WorkerProcess:
     """One measurement subprocess in its own session (so Ctrl-C and kills stay contained)."""
 
     def __init__(self, init: dict[str, Any], init_timeout_s: float, *, cpu_kernels: bool = True):
-        self.log = tempfile.NamedTemporaryFile(prefix="evo-worker-", suffix=".log", delete=False)
         env = worker_env(cpu_kernels=cpu_kernels)
-        self.proc = subprocess.Popen([sys.executable, "-m", "evoengineer.evaluators.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True)
+        # the process the search started ahead (worker_process.prestart_worker), when it was started with this env
+        self.proc, self.log = take_prestarted(env) or spawn_worker(env)
         self._buf = b""
         reply = self.request({"cmd": "init", **init}, init_timeout_s)
         if not reply.get("ok"):
@@ -361,9 +334,10 @@ class LocalEvaluator(BuildAheadEvaluator):
 
     def start_timeline(self) -> dict[str, float]:
         """Seconds from this evaluator's creation to each step of its start, in order: the family binding built
-        (when it was not cached), the first measuring process started (torch, device context, input sets and
-        references), the baselines built, that worker ready (baselines checked and timed, state and sentinel
-        recorded), the first candidate measured."""
+        (when it was not cached), the first measuring process's own steps (`worker: ...`: its Python at the worker
+        module, its imports, the device context, the family, the input sets and references; negative when the
+        search started that process ahead of the evaluator) and that process started, the baselines built, that
+        worker ready (baselines checked and timed, state and sentinel recorded), the first candidate measured."""
         marks = dict(self._start_marks)
         done = self.builder.binding_built_at
         if done is not None:

@@ -14,6 +14,12 @@ it, as it does when a candidate left state behind that cannot be undone.
 
 from __future__ import annotations
 
+import time
+
+#: when this process's Python reached the worker module, before its imports (CLOCK_MONOTONIC: the parent's clock
+#: too); the imports follow it on purpose
+STARTED_AT = time.monotonic()
+
 import contextlib
 import hashlib
 import json
@@ -21,7 +27,6 @@ import os
 import random
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +37,8 @@ from evoengineer.evaluators import outputs as written
 from evoengineer.evaluators.integrity import ProtectedInputs, any_true, as_bits, mismatch, verify_and_restore_all
 from evoengineer.liveness import exit_with_parent
 
-#: when this process's Python reached the worker module (CLOCK_MONOTONIC: comparable with the parent's clock)
-STARTED_AT = time.monotonic()
+#: when the module's imports (torch among them) were done
+IMPORTED_AT = time.monotonic()
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "unspecified launch failure", "device-side assert",
               "misaligned address", "an illegal instruction", "CUBLAS_STATUS")
@@ -91,10 +96,9 @@ class Session:
 
     def __init__(self, init: dict[str, Any]):
         # where the start goes (time.monotonic() at the end of each step; the parent's start timeline shows them)
-        self.start_marks: dict[str, float] = {"python": STARTED_AT}
+        self.start_marks: dict[str, float] = {"python": STARTED_AT, "torch imported": IMPORTED_AT}
         import torch
 
-        self.start_marks["torch imported"] = time.monotonic()
         from evoengineer.evaluators.physics import PhysicsGate
         from evoengineer.space.spec import SearchSpace
         from evoengineer.families import get_task

@@ -22,6 +22,7 @@ from evoengineer.errors import UsageError, UserError
 from evoengineer.evaluators.base import Evaluator
 from evoengineer.evaluators.cluster import ClusterEvaluator, ClusterLost, ClusterOptions
 from evoengineer.evaluators.factory import evaluator_for_resume, evaluator_for_search
+from evoengineer.evaluators.worker_process import prestart_worker
 from evoengineer.fingerprint import machine_fingerprint
 from evoengineer.search import SAMPLERS, STRATEGIES
 from evoengineer.search.failures import NO_CORRECT_CANDIDATE, no_correct_candidate
@@ -166,6 +167,10 @@ def start_space(space: SearchSpace, *, space_path: Path, db: str = DEFAULT_URL, 
         landscape = str(Path(landscape).resolve())
     if cluster is not None and cluster.address == "local" and build_jobs is not None:
         cluster = dataclasses.replace(cluster, build_jobs=build_jobs)  # a local cluster's build slots
+    if landscape is None and cluster is None and space.target.builds_beside_measuring:
+        # the measuring worker's process starts before this one imports torch for the evaluator: the first
+        # candidate waits for the worker's start (issue 51), which now runs beside the evaluator's set-up
+        prestart_worker(cpu_kernels=not space.target.gpu)
     evaluator = evaluator_for_search(space, landscape=landscape, seed=s.seed, build_jobs=build_jobs,
                                      cache_dir=cache_dir, cluster=cluster)
     try:

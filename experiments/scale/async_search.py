@@ -37,7 +37,7 @@ WAITED = re.compile(r"GPU waited on builds (?P<wait>\d+)%")
 PER_GPU = re.compile(r"\| per GPU: (?P<per>[^|]+)\|")
 BUILDS = re.compile(r"builds (?P<b>[\d.]+) s/candidate")
 START = re.compile(r"\| start: (?P<marks>[^|]+)")  # the evaluator's start, step by step (seconds)
-MARK = re.compile(r"(?P<what>[a-zA-Z :]+?) (?P<s>[\d.]+) s")
+MARK = re.compile(r"(?P<what>[a-zA-Z :]+?) (?P<s>-?[\d.]+) s")
 
 
 def visible_gpus() -> int:

@@ -143,7 +143,7 @@ def test_a_build_killed_mid_way_does_not_block_the_next(faults_dir: Path, build_
 def test_a_gpu_spaces_worker_has_a_few_unpinned_threads(monkeypatch):
     """OpenMP binding puts every GPU worker's main thread of a host on one core (issue 51): only CPU kernels are
     timed with pinned threads; a GPU space's worker gets GPU_WORKER_THREADS (or EVOENGINEER_WORKER_THREADS)."""
-    from evoengineer.evaluators.local import GPU_WORKER_THREADS, PINNING, worker_env
+    from evoengineer.evaluators.worker_process import GPU_WORKER_THREADS, PINNING, worker_env
 
     monkeypatch.setenv("OMP_PROC_BIND", "spread")
     monkeypatch.delenv("OMP_PLACES", raising=False)
