@@ -119,7 +119,10 @@ def _time_cuda(fn: Callable[[int], Any], warmup: int, repeats: int, flush_l2: bo
     spin_us = min(SPIN_MAX_US, max(SPIN_MIN_US, SPIN_FACTOR * _last_queue_us.get(dev, SPIN_DEFAULT_US)))
     samples: list[float] = [0.0] * repeats
     todo: list[int] = list(range(repeats))
+    retimed = 0  # calls timed again behind a longer spin (each time one was)
     for attempt in range(RETAKES + 1):
+        if attempt:
+            retimed += len(todo)
         timed = []
         for k in todo:  # the k-th timed call is call warmup + k for the hooks however often it is timed
             before(warmup + k)
@@ -146,4 +149,5 @@ def _time_cuda(fn: Callable[[int], Any], warmup: int, repeats: int, flush_l2: bo
         todo = [k for k, _ in late_calls]
         spin_us = min(4 * SPIN_MAX_US, max(2 * spin_us, 2 * max(h for _, h in late_calls)))
     cache = "L2 flushed before every call" if flush_l2 else "L2 warm (same inputs every call)"
-    return {**percentiles(samples), "cache": cache, "samples": samples, "host_late": len(late_calls)}
+    return {**percentiles(samples), "cache": cache, "samples": samples, "host_late": len(late_calls),
+            "retimed": retimed}

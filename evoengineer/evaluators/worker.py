@@ -135,6 +135,7 @@ class Session:
         self.start_marks["timed inputs"] = time.monotonic()
         self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self._novel_rounds = 0  # second-round new-input sets made so far (each round's seeds are its own)
+        self._novel_retimed = 0  # calls of the current new-input check timed again (timing.py: late hosts)
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
         self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
@@ -526,8 +527,10 @@ class Session:
         earlier calls is fast only on the seen sets; an honest one takes about as long on both. Three calls in a row
         can still be slowed by the machine's load, so a first verdict is checked once more on sets made only then.
         Returns the ratios new / seen (novel_ratio), and what the check's cost is made of: its passes of timed calls
-        (novel_rounds: 2 when the first looked slow) and the calls the host queued after their spin had ended, timed
-        again behind longer spins (novel_late)."""
+        (novel_rounds: 2 when the first looked slow), the calls timed again behind a longer spin because the host
+        queued them after their spin had ended (novel_retimed, each time one was) and those still late after the
+        last try (novel_late)."""
+        self._novel_retimed = 0
         pairs, late = self._novel_pairs(module, name, sets, self.novel[name])
         rounds = 1
         if self._novel_slow(pairs, seen_p90):
@@ -544,7 +547,7 @@ class Session:
                                f"{slack:g} us in each of {len(pairs)} pairs, twice): work kept from earlier calls",
                                "implausible")
         return {"novel_ratio": [round(t_new / max(t_seen, 1e-9), 3) for t_new, t_seen in pairs],
-                "novel_rounds": rounds, "novel_late": late}
+                "novel_rounds": rounds, "novel_late": late, "novel_retimed": self._novel_retimed}
 
     def _novel_slow(self, pairs: list[tuple[float, float]], seen_p90: float) -> bool:
         """Every call on new inputs slower than both the seen calls and the timing loop's p90 allow."""
@@ -600,6 +603,7 @@ class Session:
         pairs = {}
         for (_, _, k, is_new), t in zip(calls, samples):
             pairs.setdefault(k, [0.0, 0.0])[0 if is_new else 1] = t
+        self._novel_retimed += int(timed.get("retimed", 0))
         return [(p[0], p[1]) for _, p in sorted(pairs.items())], int(timed.get("host_late", 0))
 
     def _offstream(self, module: Any, name: str, sets: list[InputSet]) -> float:

@@ -61,7 +61,7 @@ def search(tree: Path, work: Path, cache: Path, space: str, budget: int, tag: st
     parts: dict[str, list[float]] = {}
     for s, m in rows:
         if s == "ok" and "start" not in (m.get("worker_s") or {}):
-            for part in ("novel_s", "graph_s", "novel_rounds", "novel_late"):
+            for part in ("novel_s", "graph_s", "novel_rounds", "novel_late", "novel_retimed"):
                 parts.setdefault(part, []).append(sum(sh.get(part, 0.0) for sh in (m.get("shapes") or {}).values()))
     honesty_s = {k: round(statistics.median(v), 4) for k, v in parts.items()}
     return {"tag": tag, "wall_s": round(wall, 2), "candidates": len(rows),
