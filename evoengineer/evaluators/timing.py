@@ -73,7 +73,9 @@ def time_callable(fn: Callable[..., Any], *, device: str, warmup: int, repeats: 
 SPIN_FACTOR, SPIN_MIN_US, SPIN_MAX_US, SPIN_DEFAULT_US = 2.0, 10.0, 1000.0, 200.0
 #: passes over the calls the host queued after their spin had ended, behind a longer spin (twice the spin, or the
 #: host's time for them); a pass stops them when more than half its calls were late again: such a call waits for
-#: the device itself (it reads a result back), which no spin hides, and keeps its samples (counted in `host_late`)
+#: the device itself (it reads a result back), which no spin hides, and keeps its samples (counted in `host_late`).
+#: Within a pass, a late call lengthens the spin of the calls after it (SPIN_FACTOR x the host's time for it): the
+#: warm-up measures the call alone, not the events and the L2 flush queued between the spin and the call
 RETAKES = 3
 _cycles_per_us: dict[int, float] = {}
 _last_queue_us: dict[int, float] = {}
@@ -138,6 +140,8 @@ def _time_cuda(fn: Callable[[int], Any], warmup: int, repeats: int, flush_l2: bo
             end.record(stream)
             host_us = (time.perf_counter() - t0) * 1e6
             late = spun.query()  # the spin was over before the call was queued: the GPU may have waited for it
+            if late:  # the calls after it in this pass get a spin long enough for what the host took here
+                spin_us = min(4 * SPIN_MAX_US, max(spin_us, SPIN_FACTOR * host_us))
             after(warmup + k)
             timed.append((k, start, end, host_us if late else None))
         torch.cuda.synchronize()
