@@ -257,6 +257,33 @@ def test_generated_binding_checks_every_argument(tmp_path: Path, build_cache: Pa
         mod.forward(x, 0.5, out=out, y=1)
     assert task.new_output({"x": x, "scale": 0.5}).isnan().all()
 
+    # tensors reach the binding through their `_cdata` (no torch Python headers in it): subclasses work as plain
+    # tensors, an impostor with a `_cdata` of its own is not a tensor, and the call leaves no reference behind
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    for given in (torch.nn.Parameter(x.clone(), requires_grad=False), x.clone().as_subclass(Logged)):
+        out.fill_(float("nan"))
+        assert mod.forward(given, 0.5, out) == 0
+        assert torch.allclose(out, torch.softmax(x * 0.5, -1), atol=1e-6)
+
+    class Impostor:
+        _cdata = x._cdata
+
+    with pytest.raises(TypeError, match="x: expected a tensor, got Impostor"):
+        mod.forward(Impostor(), 0.5, out)
+    before = sys.getrefcount(x)
+    for _ in range(100):
+        mod.forward(x, 0.5, out)
+    assert sys.getrefcount(x) == before
+    y = torch.randn(5, 33)
+    ref = torch.softmax(y * 0.5, -1)
+    mod.forward(y, 0.5, out)
+    del y  # the binding's reference to it is gone with the call: the tensor is freed, its result kept
+    assert torch.allclose(out, ref, atol=1e-6)
+
 
 def test_declared_signatures_are_checked():
     from evoengineer.family import Scalar, Signature, Tensor
