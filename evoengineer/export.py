@@ -252,9 +252,10 @@ def write_cubin(folder: Path, kernel: dict[str, Any], signature: str, launched: 
     if path.is_file() and {k: v for k, v in before.items() if k != "sha256"} == record \
             and hashlib.sha256(path.read_bytes()).hexdigest() == before.get("sha256"):
         return before
-    if nvcc_path() is None and shutil.which("nvcc") is None:
+    nvcc = nvcc_path() or shutil.which("nvcc")
+    if nvcc is None:
         return None
-    r = compile_cuda(folder / kernel["source_file"], path, flags=flags, nvcc=nvcc_path(), device_only=True)
+    r = compile_cuda(folder / kernel["source_file"], path, flags=flags, nvcc=nvcc, device_only=True)
     if r["status"] != "ok":
         raise UserError(f"kernel {kernel['hash'][:12]}: its device code does not compile here: {r['reason']}")
     return {**record, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

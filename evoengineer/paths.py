@@ -25,8 +25,7 @@ FAMILIES_DIR = _HERE / "families"
 
 def shipped_family_dirs() -> list[Path]:
     """The shipped families' folders (their templates: `cuda/...`, `cpu/...`, as a space or an include names them)."""
-    return sorted(p for p in FAMILIES_DIR.iterdir() if p.is_dir() and (p / "__init__.py").is_file()
-                  and p.name != "__pycache__")
+    return sorted(p for p in FAMILIES_DIR.iterdir() if (p / "__init__.py").is_file())
 
 
 def space_dirs() -> list[Path]:

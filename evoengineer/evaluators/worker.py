@@ -135,7 +135,6 @@ class Session:
         self.start_marks["timed inputs"] = time.monotonic()
         self._weightings: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
         self._novel_rounds = 0  # second-round new-input sets made so far (each round's seeds are its own)
-        self._novel_retimed = 0  # calls of the current new-input check timed again (timing.py: late hosts)
         self.baselines: dict[str, dict[str, Any]] | None = None
         self.kernels: dict[str, Any] = {}
         self.gate = PhysicsGate(self.task.device, l2_flush=bool(self.settings["l2_flush"]))
@@ -530,15 +529,14 @@ class Session:
         (novel_rounds: 2 when the first looked slow), the calls timed again behind a longer spin because the host
         queued them after their spin had ended (novel_retimed, each time one was) and those still late after the
         last try (novel_late)."""
-        self._novel_retimed = 0
-        pairs, late = self._novel_pairs(module, name, sets, self.novel[name])
+        pairs, late, retimed = self._novel_pairs(module, name, sets, self.novel[name])
         rounds = 1
         if self._novel_slow(pairs, seen_p90):
             self._novel_rounds += 1
             again = [self._input_set(sets[0].entry, self._seed(name, 30_000 + 100 * self._novel_rounds + k),
                                      with_ref=False) for k in range(NOVEL_SETS)]
-            pairs, late_again = self._novel_pairs(module, name, sets, again)
-            rounds, late = 2, late + late_again
+            pairs, late_again, retimed_again = self._novel_pairs(module, name, sets, again)
+            rounds, late, retimed = 2, late + late_again, retimed + retimed_again
             if self._novel_slow(pairs, seen_p90):
                 slack = NOVEL_SLACK_US[self.task.device]
                 t_new, t_seen = min(pairs, key=lambda p: p[0] / max(p[1], 1e-9))
@@ -547,7 +545,7 @@ class Session:
                                f"{slack:g} us in each of {len(pairs)} pairs, twice): work kept from earlier calls",
                                "implausible")
         return {"novel_ratio": [round(t_new / max(t_seen, 1e-9), 3) for t_new, t_seen in pairs],
-                "novel_rounds": rounds, "novel_late": late, "novel_retimed": self._novel_retimed}
+                "novel_rounds": rounds, "novel_late": late, "novel_retimed": retimed}
 
     def _novel_slow(self, pairs: list[tuple[float, float]], seen_p90: float) -> bool:
         """Every call on new inputs slower than both the seen calls and the timing loop's p90 allow."""
@@ -556,9 +554,9 @@ class Session:
         return all(t_new > NOVEL_FACTOR * bar + slack for t_new, _ in pairs)
 
     def _novel_pairs(self, module: Any, name: str, sets: list[InputSet],
-                     novel: list[InputSet]) -> tuple[list[tuple[float, float]], int]:
-        """(new, seen) microseconds per pair, the calls timed in one pass (one sync), and how many of them were
-        timed again after a late host. Only this check hands the new
+                     novel: list[InputSet]) -> tuple[list[tuple[float, float]], int, int]:
+        """(new, seen) microseconds per pair, the calls timed in one pass (one sync); how many of them stayed late
+        (`host_late`) and how many re-timings a late host caused (`retimed`). Only this check hands the new
         sets to a candidate: it verifies them, and restores them for the next candidate."""
         from evoengineer.evaluators.timing import time_callable
 
@@ -603,8 +601,8 @@ class Session:
         pairs = {}
         for (_, _, k, is_new), t in zip(calls, samples):
             pairs.setdefault(k, [0.0, 0.0])[0 if is_new else 1] = t
-        self._novel_retimed += int(timed.get("retimed", 0))
-        return [(p[0], p[1]) for _, p in sorted(pairs.items())], int(timed.get("host_late", 0))
+        return ([(p[0], p[1]) for _, p in sorted(pairs.items())], int(timed.get("host_late", 0)),
+                int(timed.get("retimed", 0)))
 
     def _offstream(self, module: Any, name: str, sets: list[InputSet]) -> float:
         """Back-to-back calls, then: how long the device stayed busy after the candidate's stream had finished."""
